@@ -1,0 +1,285 @@
+"""``switchagg.Client``: a worker's allreduce through the switch.
+
+The client owns one UDP socket and one background thread. Calls are queued and
+run in order on that thread (an allreduce is a collective: every worker must
+issue the same calls in the same order), each as a :class:`~switchagg.protocol.Reduction`
+driven by the socket and the clock.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from .config import JobConfig
+from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
+from .payloads import FloatPayloads, Int32Payloads
+from .protocol import Reduction, StreamParams, Window
+from .switch import control
+from .transport import UdpSocket
+from .wire import (
+    HEADER_SIZE,
+    IP_UDP_OVERHEAD,
+    PacketType,
+    datagram_size,
+    make_header,
+    max_values_for_mtu,
+    unpack_header,
+    values_of,
+)
+
+_U32 = 0xFFFFFFFF
+_FLOATS = {"float32", "float16", "float64", "bfloat16"}
+
+
+class Client:
+    """One worker (``rank``) of the job described by ``config``.
+
+    ``start_timeout`` bounds the wait for the switch and the other workers at the
+    start of the job; ``stall_timeout`` bounds any later wait for progress. Both
+    end in an exception, never in a hang.
+    """
+
+    def __init__(self, config: JobConfig, rank: int, *, start_timeout: float = 60.0,
+                 stall_timeout: float = 5.0, batched: bool | None = None) -> None:
+        if not 0 <= rank < config.n_workers:
+            raise ConfigError(f"rank {rank} is not a worker of job {config.job_id} "
+                              f"(it has ranks 0..{config.n_workers - 1})")
+        self.config, self.rank = config, rank
+        self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
+        k = config.values_per_packet
+        self._sock = UdpSocket(config.workers[rank].address.tuple, peer=config.switch.tuple,
+                               max_datagram=datagram_size(k), batched=batched)
+        mtu = self._sock.path_mtu()
+        if datagram_size(k) + IP_UDP_OVERHEAD > min(mtu, 65535):
+            self._sock.close()
+            raise ConfigError(
+                f"values_per_packet = {k} makes {datagram_size(k) + IP_UDP_OVERHEAD}-byte IPv4 packets, but "
+                f"the path MTU towards {config.switch} is {mtu}: use values_per_packet <= "
+                f"{max_values_for_mtu(min(mtu, 65535))} (no IP fragmentation)")
+        self.window = Window(max_size=config.slot_count)
+        self._copies = np.zeros(config.slot_count, dtype=np.int64)
+        self._next_id = 0
+        self._started = False
+        self.generation: int | None = None
+        self._failed: BaseException | None = None
+        self._closing = False
+        self._queue: queue.Queue[tuple[Future, Callable[[], Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"switchagg-client-{rank}", daemon=True)
+        self._thread.start()
+
+    @property
+    def backend(self) -> str:
+        return self._sock.backend
+
+    # ---- public API ------------------------------------------------------------------------------
+
+    def allreduce(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+        """Sum (or average, ``op="mean"``) ``x`` over all workers; a new array unless ``out``."""
+        return self.allreduce_async(x, op=op, out=out).result()
+
+    def allreduce_async(self, x: Any, op: str = "sum", out: Any = None) -> Future:
+        """Queue an allreduce; the Future holds the result (or the error)."""
+        flat, restore, kind = _as_flat(x)
+        if op not in ("sum", "mean"):
+            raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
+        if op == "mean" and kind != "float":
+            raise ValueError("op='mean' needs a floating-point tensor; int32 supports op='sum'")
+        k, n = self.config.values_per_packet, self.config.n_workers
+        if kind == "float":
+            flat = np.ascontiguousarray(flat, dtype=np.float32)
+            result = np.empty_like(flat)
+            payloads = FloatPayloads(flat, result, k, n)  # raises on NaN/Inf here, in the caller
+        else:
+            flat = np.ascontiguousarray(flat, dtype=np.int32)
+            result = np.empty_like(flat)
+            payloads = Int32Payloads(flat, result, k)
+
+        def work() -> Any:
+            if flat.size:
+                self._reduce(payloads, -(-flat.size // k))
+            if op == "mean":
+                np.divide(result, n, out=result)
+            return restore(result, out)
+
+        return self.submit(work)
+
+    def probe(self, timeout: float | None = None) -> int:
+        """Ask the switch whether it admits this worker; returns the job's generation."""
+        return self.submit(lambda: self._probe(self.start_timeout if timeout is None else timeout)).result()
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the client's thread after the calls queued before it."""
+        if self._closing:
+            raise ClosedError("this client is closed: create a new one")
+        future: Future = Future()
+        self._queue.put((future, fn))
+        return future
+
+    def close(self) -> None:
+        """Stop the thread (failing queued calls) and release the socket."""
+        if self._closing:
+            return
+        self._closing = True
+        self._queue.put(None)
+        self._thread.join()
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the client thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            if self._failed is not None:
+                future.set_exception(ClosedError(
+                    f"an earlier call of this client failed ({self._failed}); its workers are out of "
+                    "step now: reset the job and create new clients"))
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                if isinstance(exc, (StallError, JobNotStarted, ClosedError)):
+                    self._failed = exc
+                future.set_exception(exc)
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                item[0].set_exception(ClosedError("the client was closed before this call ran"))
+
+    def _probe(self, timeout: float) -> int:
+        cfg = self.config
+        probe = make_header(PacketType.PROBE, job=cfg.job_id, worker=self.rank, key=cfg.key).pack()
+        deadline = time.monotonic() + timeout
+        while True:
+            self._sock.send([((probe,), None)])
+            resend = time.monotonic() + 0.2
+            while (now := time.monotonic()) < min(resend, deadline):
+                for data, _ in self._sock.recv(min(resend, deadline) - now):
+                    if len(data) != HEADER_SIZE:
+                        continue
+                    h = unpack_header(data)
+                    if (h.type == PacketType.PROBE_REPLY and h.job == cfg.job_id
+                            and h.worker == self.rank and h.key == cfg.key):
+                        return self._accept_generation(h.generation)
+            if now >= deadline:
+                raise JobNotStarted(
+                    f"worker {self.rank} of job {cfg.job_id}: the switch at {cfg.switch} did not answer "
+                    f"a probe for {timeout:.0f} s. Check that it runs and has this job installed "
+                    f"(`switchagg status --config ...`), and that this worker sends from "
+                    f"{cfg.workers[self.rank].address} with the job's key.")
+
+    def _accept_generation(self, generation: int) -> int:
+        if self.config.generation is not None and generation != self.config.generation:
+            raise ConfigError(
+                f"the config says generation {self.config.generation} but the switch runs job "
+                f"{self.config.job_id} at generation {generation}: remove 'generation' from the "
+                "config to follow the switch, or redeploy the job")
+        if self.generation is not None and generation != self.generation:
+            raise StallError(f"job {self.config.job_id} was reset on the switch (generation "
+                             f"{self.generation} -> {generation}) while this client used it: create new clients")
+        self.generation = generation
+        return generation
+
+    def _reduce(self, payloads: Any, n_chunks: int) -> None:
+        if self.generation is None:
+            self._probe(self.start_timeout)
+        cfg = self.config
+        params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
+                              cfg.slot_count, cfg.values_per_packet)
+        now = time.monotonic()
+        red = Reduction(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
+                        copies=self._copies, now=now, started=self._started,
+                        progress_timeout=self.stall_timeout if self._started else self.start_timeout)
+        self._next_id = (self._next_id + red.total) & _U32
+        sock = self._sock
+        try:
+            while True:
+                if red.outbox:
+                    sock.send([((s.header.pack(), s.values), None) for s in red.outbox])
+                    red.outbox.clear()
+                if red.done:
+                    break
+                if self._closing:
+                    raise ClosedError("the client was closed during an allreduce")
+                wait = red.next_deadline() - time.monotonic()
+                packets = sock.recv(wait) if wait > 0 else sock.recv()
+                now = time.monotonic()
+                for data, _ in packets:
+                    if len(data) < HEADER_SIZE:
+                        continue
+                    h = unpack_header(data)
+                    if h.type == PacketType.RESULT and len(data) == HEADER_SIZE + 4 * h.count:
+                        red.receive(h, values_of(data, h.count), now)
+                red.tick(now)
+        except (StallError, JobNotStarted) as exc:
+            raise type(exc)(str(exc) + self._diagnose(red)) from None
+        finally:
+            self._started = self._started or red.started
+
+    def _diagnose(self, red: Reduction) -> str:
+        """Which workers the stuck slots still wait for, when the switch can tell us."""
+        cfg = self.config
+        if cfg.control is None:
+            return " (give the switch a control port to see which workers are missing)"
+        pending = red.pending()[:4]
+        try:
+            states = control.request(cfg.control, {"op": "slots", "job": cfg.job_id,
+                                                   "slots": [s for _, s, _ in pending]})["slots"]
+        except SwitchAggError as exc:
+            return f" The switch's control port did not answer either: {exc}"
+        notes = []
+        for chunk, slot, copy in pending:
+            state = states[str(slot)][copy]
+            if state["chunk"] == chunk:
+                missing = [r for r in range(cfg.n_workers) if not state["bitmap"] >> r & 1]
+                notes.append(f"chunk {chunk} still waits for workers {missing}")
+            else:
+                notes.append(f"chunk {chunk} never reached the switch (slot {slot} copy {copy} "
+                             f"holds chunk {state['chunk']})")
+        return " The switch says: " + "; ".join(notes) + "."
+
+
+def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
+    """A flat numpy view of ``x``, a function that turns the result back into x's type, and its kind."""
+    if type(x).__module__.startswith("torch"):
+        from .torch_support import tensor_to_flat
+
+        return tensor_to_flat(x)
+    arr = np.asarray(x)
+    kind = _kind(arr.dtype.name)
+    shape, dtype = arr.shape, arr.dtype
+
+    def restore(result: np.ndarray, out: Any) -> np.ndarray:
+        shaped = result.reshape(shape)
+        if out is None:
+            return shaped.astype(dtype, copy=False)
+        np.copyto(out, shaped, casting="unsafe")
+        return out
+
+    flat = arr.reshape(-1)
+    if arr.dtype.name == "bfloat16":
+        flat = flat.astype(np.float32)
+    return flat, restore, kind
+
+
+def _kind(dtype_name: str) -> str:
+    if dtype_name in _FLOATS:
+        return "float"
+    if dtype_name == "int32":
+        return "int32"
+    raise TypeError(f"cannot allreduce dtype {dtype_name}: use float32, float16, bfloat16, "
+                    "float64 (reduced at float32 precision) or int32")

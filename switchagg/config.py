@@ -1,0 +1,209 @@
+"""The job configuration: one TOML file read by the workers, the embedded switch and ``deploy``.
+
+Example (``docs/protocol.md`` explains the fields)::
+
+    [switch]
+    address = "127.0.0.1:16711"   # where the switch receives (UDP)
+    control = "127.0.0.1:16712"   # the embedded switch's control port (status, reset)
+
+    [job]
+    id = 1
+    key = 0x5eed5eed              # a 32-bit shared secret checked by admission
+    slot_base = 0                 # this job's slots on the switch: [base, base + count)
+    slot_count = 32
+    values_per_packet = 64        # K; 64 is what the P4 program sums
+    # generation = 7              # omit to learn it from the switch at start
+
+    [[workers]]                   # rank 0, then rank 1, ...
+    address = "10.0.0.1:40000"
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .wire import MAX_WORKERS
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An IPv4 address and UDP port."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, what: str) -> Endpoint:
+        host, sep, port = str(text).rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(f"{what} = {text!r}: write it as 'IPv4:port', e.g. '127.0.0.1:16711'")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ConfigError(f"{what} = {text!r}: {host!r} is not an IPv4 address") from None
+        if not 0 < int(port) < 65536:
+            raise ConfigError(f"{what} = {text!r}: the port must be 1..65535")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def tuple(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker (its rank is its position in the list) and where it sends from."""
+
+    address: Endpoint
+    mac: str | None = None  # for the P4 target: the worker's Ethernet address
+    switch_port: int | None = None  # for the P4 target: the switch port it hangs off
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything a worker and a switch must agree on for one job."""
+
+    switch: Endpoint
+    job_id: int
+    key: int
+    slot_base: int
+    slot_count: int
+    values_per_packet: int
+    workers: tuple[WorkerSpec, ...]
+    generation: int | None = None
+    control: Endpoint | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_range("job.id", self.job_id, 0, 0xFFFF)
+        _check_range("job.key", self.key, 0, 0xFFFFFFFF)
+        _check_range("job.slot_base", self.slot_base, 0, 0xFFFF)
+        _check_range("job.slot_count", self.slot_count, 1, 0xFFFF)
+        _check_range("job.values_per_packet", self.values_per_packet, 1, 16383)
+        if self.generation is not None:
+            _check_range("job.generation", self.generation, 1, 0xFFFFFFFF)
+        if not 1 <= len(self.workers) <= MAX_WORKERS:
+            raise ConfigError(
+                f"a job has 1..{MAX_WORKERS} workers, this one lists {len(self.workers)}: "
+                "fix the [[workers]] entries")
+        seen = {}
+        for rank, w in enumerate(self.workers):
+            if w.address in seen:
+                raise ConfigError(
+                    f"workers {seen[w.address]} and {rank} both use {w.address}: "
+                    "give every worker its own address and port")
+            seen[w.address] = rank
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def slot_range(self) -> range:
+        return range(self.slot_base, self.slot_base + self.slot_count)
+
+    def with_generation(self, generation: int | None) -> JobConfig:
+        return replace(self, generation=generation)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JobConfig:
+        """Read a TOML job file; errors name the file and the field to fix."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"job file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"job file {path} is not valid TOML: {exc}") from None
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        switch = _table(data, "switch")
+        job = _table(data, "job")
+        workers = data.get("workers")
+        if not isinstance(workers, list) or not workers:
+            raise ConfigError("list the workers as [[workers]] tables with an 'address' each")
+        control = switch.get("control")
+        extra = {k: v for k, v in data.items() if k not in ("switch", "job", "workers")}
+        return cls(
+            switch=Endpoint.parse(_get(switch, "address", "switch"), "switch.address"),
+            control=Endpoint.parse(control, "switch.control") if control else None,
+            job_id=_get(job, "id", "job"),
+            key=_get(job, "key", "job"),
+            slot_base=job.get("slot_base", 0),
+            slot_count=_get(job, "slot_count", "job"),
+            values_per_packet=job.get("values_per_packet", 64),
+            generation=job.get("generation"),
+            workers=tuple(
+                WorkerSpec(
+                    address=Endpoint.parse(_get(w, "address", f"workers[{i}]"), f"workers[{i}].address"),
+                    mac=w.get("mac"),
+                    switch_port=w.get("switch_port"),
+                )
+                for i, w in enumerate(workers)
+            ),
+            extra=extra,
+        )
+
+    def to_toml(self) -> str:
+        """The config as TOML text that :meth:`from_file` reads back unchanged."""
+        lines = ["[switch]", f'address = "{self.switch}"']
+        if self.control:
+            lines.append(f'control = "{self.control}"')
+        lines += ["", "[job]", f"id = {self.job_id}", f"key = {self.key:#x}",
+                  f"slot_base = {self.slot_base}", f"slot_count = {self.slot_count}",
+                  f"values_per_packet = {self.values_per_packet}"]
+        if self.generation is not None:
+            lines.append(f"generation = {self.generation}")
+        for w in self.workers:
+            lines += ["", "[[workers]]", f'address = "{w.address}"']
+            if w.mac:
+                lines.append(f'mac = "{w.mac}"')
+            if w.switch_port is not None:
+                lines.append(f"switch_port = {w.switch_port}")
+        for name, table in self.extra.items():
+            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+    table = data.get(name)
+    if not isinstance(table, dict):
+        raise ConfigError(f"the [{name}] table is missing")
+    return table
+
+
+def _get(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise ConfigError(f"{where}.{key} is missing")
+    return table[key]
+
+
+def _check_range(name: str, value: Any, lo: int, hi: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ConfigError(f"{name} = {value!r}: it must be an integer in {lo}..{hi}")

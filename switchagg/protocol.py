@@ -1,0 +1,276 @@
+"""The worker's side of the streaming protocol, as sans-I/O state machines.
+
+:class:`Reduction` is one allreduce call: it decides which packet goes out when,
+takes the results that come back, and raises when the job never starts or
+stops making progress. It owns no socket and reads no clock: the caller feeds
+it packets and the current time and sends what it puts in :attr:`Reduction.outbox`.
+:class:`Window` carries the congestion window and the round-trip estimate from
+one call to the next.
+
+The schedule (``docs/protocol.md`` has the whole story): a call of ``N`` data
+chunks over a job with ``S`` slots first sends an exponent round, one packet per
+slot in use (``R = min(S, N)``), that carries each worker's proposed exponent for
+the slot's first data chunk. Data chunk ``d`` then goes on slot ``d % S`` with
+the agreed (maximum) exponent that came back in the result of the slot's
+previous use, and proposes the exponent of chunk ``d + S``. A slot's next use
+goes out only when its previous result is back (self-clocking), and at most
+``Window.size`` packets are outstanding. int32 reductions skip the exponent round.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .errors import JobNotStarted, StallError
+from .wire import EXP_NONE, Header, PacketType, make_header
+
+_U32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """What a worker's packets say about it and its job."""
+
+    job: int
+    worker: int
+    key: int
+    generation: int
+    n_workers: int
+    slot_count: int
+    values_per_packet: int
+
+
+class Payloads(Protocol):
+    """How a reduction gets its chunks' values and hands back the sums (the codec's side)."""
+
+    def proposals(self) -> np.ndarray | None:
+        """The proposed exponent of every data chunk, or None when the values are not floats."""
+
+    def encode(self, chunk: int, exponent: int) -> np.ndarray:
+        """Data chunk ``chunk`` as K big-endian int32, quantized with ``exponent``."""
+
+    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
+        """Store the summed data chunk ``chunk`` (quantized with ``exponent``)."""
+
+
+class Window:
+    """AIMD congestion window and a Jacobson/Karels retransmission timeout.
+
+    It lives as long as the client, so a call starts with what the last one learned.
+    Slow start doubles the window each round trip until the first loss; after that
+    it grows by one per round trip and halves on a timeout, at most once per round trip.
+    """
+
+    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.01,
+                 initial_rto: float = 0.1, max_rto: float = 1.0) -> None:
+        self.max_size = max_size
+        self.cwnd = float(min(initial, max_size))
+        self.ssthresh = float(max_size)
+        self.min_rto, self.max_rto = min_rto, max_rto
+        self.rto = initial_rto
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self._recovery_until = -math.inf
+        self.losses = 0
+
+    @property
+    def size(self) -> int:
+        return max(1, int(self.cwnd))
+
+    def on_result(self, rtt: float | None) -> None:
+        """A new result: grow the window; ``rtt`` is None for a retransmitted packet (Karn)."""
+        if rtt is not None:
+            if self.srtt is None:
+                self.srtt, self.rttvar = rtt, rtt / 2
+            else:
+                self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+                self.srtt = 0.875 * self.srtt + 0.125 * rtt
+            self.rto = min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+        growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
+        self.cwnd = min(float(self.max_size), self.cwnd + growth)
+
+    def on_timeout(self, now: float) -> None:
+        """A packet timed out: halve the window, once per round trip of losses."""
+        self.losses += 1
+        if now < self._recovery_until:
+            return
+        self.ssthresh = max(1.0, self.cwnd / 2)
+        self.cwnd = self.ssthresh
+        self._recovery_until = now + (self.srtt or self.rto)
+
+    def timeout_for(self, retries: int) -> float:
+        """Exponential backoff of the timeout for a packet sent ``retries`` times before."""
+        return min(self.max_rto, self.rto * 2.0 ** retries)
+
+
+@dataclass(frozen=True)
+class Send:
+    """A packet to send: the header and its values."""
+
+    header: Header
+    values: np.ndarray
+
+
+class Reduction:
+    """One allreduce call over the switch (see the module docstring for the schedule)."""
+
+    def __init__(self, params: StreamParams, window: Window, payloads: Payloads, *,
+                 n_chunks: int, first_id: int, copies: np.ndarray, now: float,
+                 progress_timeout: float, started: bool = False) -> None:
+        """``copies[s]`` is the shadow copy of slot ``s``'s next use; this call advances it.
+
+        ``progress_timeout`` is how long the call waits for a first result and then
+        for each further one before it raises: :class:`JobNotStarted` if the job never
+        produced a result (``started`` says whether an earlier call did), else
+        :class:`StallError`.
+        """
+        self.params, self.window, self.payloads = params, window, payloads
+        self.n_chunks, self.first_id = n_chunks, first_id
+        s = params.slot_count
+        proposals = payloads.proposals()
+        self._proposals = proposals
+        self.rounds = min(s, n_chunks) if proposals is not None else 0  # exponent round size
+        self.total = self.rounds + n_chunks
+        slots = np.concatenate([np.arange(self.rounds), np.arange(n_chunks) % s])
+        uses = np.concatenate([np.zeros(self.rounds, np.int64),
+                               np.arange(n_chunks) // s + (np.arange(n_chunks) % s < self.rounds)])
+        self._slot = slots.astype(np.int64)
+        self._copy = (copies[slots] + uses) % 2
+        per_slot = np.bincount(slots, minlength=s)
+        copies[:] = (copies + per_slot) % 2
+        self._zeros = np.zeros(params.values_per_packet, dtype=">i4")
+        self._agreed = np.full(self.total, EXP_NONE, dtype=np.int16)  # exponent each result carried
+        self._done = np.zeros(self.total, dtype=bool)
+        self.n_done = 0
+        self._next = 0
+        self._outstanding: dict[int, list[float]] = {}  # t -> [last send time, retries]
+        self._timers: list[tuple[float, int, int]] = []  # (deadline, t, retries) with lazy removal
+        self.outbox: list[Send] = []
+        self.last_progress = now
+        self.progress_timeout = progress_timeout
+        self.started = started
+        self.duplicates = 0
+        self.retransmissions = 0
+        self._fill(now)
+
+    # ---- the schedule ----------------------------------------------------------------------------
+
+    def _prev(self, t: int) -> int | None:
+        """The entry that used ``t``'s slot just before it in this call, if any."""
+        if t < self.rounds:
+            return None
+        d = t - self.rounds
+        if d < self.params.slot_count:
+            return d if self.rounds else None
+        return t - self.params.slot_count
+
+    def _ready(self, t: int) -> bool:
+        prev = self._prev(t)
+        return prev is None or bool(self._done[prev])
+
+    def _packet(self, t: int) -> Send:
+        p = self.params
+        if t < self.rounds:
+            exponent_used, values = EXP_NONE, self._zeros
+            proposal = int(self._proposals[t])
+        else:
+            d = t - self.rounds
+            prev = self._prev(t)
+            exponent_used = EXP_NONE if prev is None else int(self._agreed[prev])
+            values = self.payloads.encode(d, exponent_used)
+            nxt = d + p.slot_count
+            proposal = int(self._proposals[nxt]) if self._proposals is not None and nxt < self.n_chunks \
+                else EXP_NONE
+        header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=int(self._slot[t]),
+                             copy=int(self._copy[t]), chunk=(self.first_id + t) & _U32,
+                             generation=p.generation, key=p.key, exponent=proposal,
+                             count=p.values_per_packet)
+        return Send(header, values)
+
+    def _send(self, t: int, now: float, retries: int) -> None:
+        self.outbox.append(self._packet(t))
+        self._outstanding[t] = [now, retries]
+        heapq.heappush(self._timers, (now + self.window.timeout_for(retries), t, retries))
+
+    def _fill(self, now: float) -> None:
+        while (self._next < self.total and len(self._outstanding) < self.window.size
+               and self._ready(self._next)):
+            self._send(self._next, now, 0)
+            self._next += 1
+
+    # ---- inputs ----------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.n_done == self.total
+
+    def receive(self, h: Header, values: np.ndarray, now: float) -> bool:
+        """Take a RESULT addressed to this worker; returns whether it was new."""
+        p = self.params
+        t = (h.chunk - self.first_id) & _U32
+        if (h.type != PacketType.RESULT or h.job != p.job or h.generation != p.generation
+                or h.key != p.key or h.worker != p.worker or h.count != p.values_per_packet
+                or t not in self._outstanding or h.slot != self._slot[t] or h.copy != self._copy[t]):
+            self.duplicates += 1
+            return False
+        sent, retries = self._outstanding.pop(t)
+        self._done[t] = True
+        self.n_done += 1
+        self._agreed[t] = h.exponent
+        if t >= self.rounds:
+            d = t - self.rounds
+            prev = self._prev(t)
+            self.payloads.decode(d, EXP_NONE if prev is None else int(self._agreed[prev]), values)
+        self.window.on_result(now - sent if retries == 0 else None)
+        self.last_progress = now
+        self.started = True
+        self._fill(now)
+        return True
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do: a retransmission or the progress timeout."""
+        while self._timers:
+            deadline, t, retries = self._timers[0]
+            entry = self._outstanding.get(t)
+            if entry is not None and entry[1] == retries:
+                return min(deadline, self.last_progress + self.progress_timeout)
+            heapq.heappop(self._timers)
+        return self.last_progress + self.progress_timeout
+
+    def tick(self, now: float) -> None:
+        """Retransmit what timed out; raise if progress stopped for too long."""
+        if now - self.last_progress >= self.progress_timeout and not self.done:
+            raise self._stall_error(now)
+        while self._timers and self._timers[0][0] <= now:
+            _, t, retries = heapq.heappop(self._timers)
+            entry = self._outstanding.get(t)
+            if entry is None or entry[1] != retries:
+                continue
+            self.window.on_timeout(now)
+            self.retransmissions += 1
+            self._send(t, now, retries + 1)
+
+    def pending(self) -> list[tuple[int, int, int]]:
+        """(chunk id, slot, copy) of every outstanding packet, oldest first."""
+        return [((self.first_id + t) & _U32, int(self._slot[t]), int(self._copy[t]))
+                for t in sorted(self._outstanding)]
+
+    def _stall_error(self, now: float) -> Exception:
+        waiting = self.pending()
+        listed = ", ".join(f"chunk {c} (slot {s}, copy {k})" for c, s, k in waiting[:4])
+        more = f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""
+        seconds = now - self.last_progress
+        what = (f"worker {self.params.worker} of job {self.params.job}: {self.n_done}/{self.total} "
+                f"packets done, no result for {seconds:.1f} s; waiting for {listed}{more}.")
+        if not self.started:
+            return JobNotStarted(
+                f"{what} The job never started: check that the switch runs and admits this job "
+                f"(`switchagg status`), that all {self.params.n_workers} workers started, and that the "
+                f"job's generation is current (a job that ran before needs `switchagg reset`).")
+        return StallError(
+            f"{what} A peer stopped or the switch stopped answering.")

@@ -1,0 +1,273 @@
+"""The switch's aggregation semantics as a pure class: the reference the P4 program must match.
+
+No sockets, no clock: :meth:`SwitchModel.process` takes one UDP payload and its
+source address and returns the packets to send. ``docs/protocol.md`` has the
+state table this code implements.
+
+State is laid out as a Tofino would hold it: register arrays indexed by
+``2 * (slot_base + slot) + copy``, each touched at most once per packet, in the
+fixed order tag -> bitmap -> count -> exponent -> values, and every access a
+read-modify-write whose outcome depends only on the packet and on earlier
+stages. Set :attr:`SwitchModel.trace` to a list to record that order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import JobConfig
+from ..errors import ConfigError
+from ..wire import (
+    FLAG_COPY,
+    HEADER_SIZE,
+    MAX_WORKERS,
+    VALUE_DTYPE,
+    VERSION,
+    Header,
+    PacketType,
+    unpack_header,
+    values_of,
+)
+from .counters import GlobalDrop, JobCounter
+
+Address = tuple[str, int]
+STAGES = ("tag", "bitmap", "count", "exponent", "values")
+_U32 = 0xFFFFFFFF
+
+
+class TagOutcome(enum.IntEnum):
+    """What the tag stage decides about a contribution and the copy it addresses."""
+
+    NEW = 0  # the copy held an older chunk, another generation, or nothing: start afresh
+    SAME = 1  # the copy holds this very chunk
+    STALE = 2  # the copy holds a newer chunk: drop
+
+
+def chunk_is_newer(chunk: int, stored: int) -> bool:
+    """Serial-number order on 32-bit chunk ids (RFC 1982): newer within half the space."""
+    return 0 < ((chunk - stored) & _U32) < 0x80000000
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """What admission knows about an installed job (the P4 admission entry's parameters)."""
+
+    job_id: int
+    generation: int
+    key: int
+    slot_base: int
+    slot_count: int
+    values_per_packet: int
+    workers: tuple[Address, ...]
+
+    @classmethod
+    def from_config(cls, config: JobConfig, generation: int) -> JobEntry:
+        return cls(config.job_id, generation, config.key, config.slot_base, config.slot_count,
+                   config.values_per_packet, tuple(w.address.tuple for w in config.workers))
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A packet the switch sends: destination, header, and values (None for none)."""
+
+    dst: Address
+    header: Header
+    values: np.ndarray | None
+
+    def payload(self) -> bytes:
+        head = self.header.pack()
+        return head if self.values is None else head + self.values.tobytes()
+
+
+class SwitchModel:
+    """Aggregation state and admission of one switch with ``num_slots`` slots."""
+
+    def __init__(self, num_slots: int = 1024) -> None:
+        if not 1 <= num_slots <= 0x10000:
+            raise ConfigError(f"num_slots = {num_slots}: a switch has 1..65536 slots")
+        self.num_slots = num_slots
+        size = 2 * num_slots
+        # Power-up state is all zeros: generation 0 is never installed, so every copy is empty.
+        self.tag = [0] * size  # generation << 32 | chunk id
+        self.bitmap = [0] * size
+        self.count = [0] * size
+        self.exponent = [0] * size
+        self.values: list[np.ndarray | None] = [None] * size
+        self.jobs: dict[int, JobEntry] = {}
+        self._admission: dict[tuple[int, int, str, int, int], JobEntry] = {}
+        self.global_counters = [0] * len(GlobalDrop)
+        self.job_counters: dict[int, list[int]] = {}
+        self.trace: list[str] | None = None
+
+    # ---- control plane -------------------------------------------------------------------------
+
+    def add_job(self, entry: JobEntry) -> None:
+        """Install a job's admission entries; refuses overlapping slots and reused ids."""
+        if entry.job_id in self.jobs:
+            raise ConfigError(f"job {entry.job_id} is already installed: remove or reset it first")
+        if entry.slot_base + entry.slot_count > self.num_slots:
+            raise ConfigError(
+                f"job {entry.job_id} wants slots {entry.slot_base}..{entry.slot_base + entry.slot_count - 1}"
+                f" but the switch has {self.num_slots}: lower slot_base or slot_count")
+        mine = range(entry.slot_base, entry.slot_base + entry.slot_count)
+        for other in self.jobs.values():
+            theirs = range(other.slot_base, other.slot_base + other.slot_count)
+            if mine.start < theirs.stop and theirs.start < mine.stop:
+                raise ConfigError(
+                    f"job {entry.job_id}'s slots {mine.start}..{mine.stop - 1} overlap job "
+                    f"{other.job_id}'s {theirs.start}..{theirs.stop - 1}: give it another slot_base")
+        if not 1 <= entry.n_workers <= MAX_WORKERS:
+            raise ConfigError(f"job {entry.job_id} has {entry.n_workers} workers; 1..{MAX_WORKERS} are allowed")
+        self.jobs[entry.job_id] = entry
+        self.job_counters[entry.job_id] = [0] * len(JobCounter)
+        for rank, (ip, port) in enumerate(entry.workers):
+            self._admission[(entry.job_id, rank, ip, port, entry.key)] = entry
+
+    def remove_job(self, job_id: int) -> JobEntry:
+        entry = self.jobs.pop(job_id, None)
+        if entry is None:
+            raise ConfigError(f"job {job_id} is not installed on this switch")
+        self.job_counters.pop(job_id)
+        self._admission = {k: v for k, v in self._admission.items() if k[0] != job_id}
+        return entry
+
+    def set_generation(self, job_id: int, generation: int) -> None:
+        """Reset a job: state of the old generation now reads as empty; no register is swept."""
+        entry = self.jobs.get(job_id)
+        if entry is None:
+            raise ConfigError(f"job {job_id} is not installed on this switch")
+        self.remove_job(job_id)
+        self.add_job(JobEntry(entry.job_id, generation, entry.key, entry.slot_base,
+                              entry.slot_count, entry.values_per_packet, entry.workers))
+
+    # ---- data plane ----------------------------------------------------------------------------
+
+    def process(self, data: bytes | memoryview, src: Address) -> list[Emit]:
+        """Handle one UDP payload from ``src``; return what to send (often nothing)."""
+        if len(data) < HEADER_SIZE:
+            return self._drop(GlobalDrop.MALFORMED)
+        h = unpack_header(data)
+        if h.version != VERSION:
+            return self._drop(GlobalDrop.BAD_VERSION)
+        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE) or h.flags & ~FLAG_COPY
+                or h.reserved or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
+                or (h.type == PacketType.PROBE and h.count)):
+            return self._drop(GlobalDrop.MALFORMED)
+        job = self._admission.get((h.job, h.worker, src[0], src[1], h.key))
+        if job is None:
+            return self._drop(GlobalDrop.NOT_ADMITTED)
+        counters = self.job_counters[job.job_id]
+        if h.type == PacketType.PROBE:
+            counters[JobCounter.PROBES] += 1
+            return [Emit(src, h._replace(type=PacketType.PROBE_REPLY, generation=job.generation), None)]
+        if h.generation != job.generation:
+            counters[JobCounter.WRONG_GENERATION] += 1
+            return []
+        if h.slot >= job.slot_count:
+            counters[JobCounter.SLOT_OUT_OF_RANGE] += 1
+            return []
+        if h.count != job.values_per_packet:
+            counters[JobCounter.BAD_COUNT] += 1
+            return []
+        return self._aggregate(h, values_of(data, h.count), src, job, counters)
+
+    def _aggregate(self, h: Header, values: np.ndarray, src: Address, job: JobEntry,
+                   counters: list[int]) -> list[Emit]:
+        i = 2 * (job.slot_base + h.slot) + h.copy
+        trace = self.trace
+        # Stage 1, tag: is this chunk new to the copy, the one it holds, or older?
+        stored = self.tag[i]
+        if stored >> 32 != h.generation or chunk_is_newer(h.chunk, stored & _U32):
+            outcome = TagOutcome.NEW
+            self.tag[i] = h.generation << 32 | h.chunk
+        elif stored & _U32 == h.chunk:
+            outcome = TagOutcome.SAME
+        else:
+            outcome = TagOutcome.STALE
+        if trace is not None:
+            trace.append("tag")
+        if outcome == TagOutcome.STALE:
+            counters[JobCounter.STALE] += 1
+            return []
+        # Stage 2, bitmap: has this worker been counted already?
+        bit = 1 << h.worker
+        old_bitmap = 0 if outcome == TagOutcome.NEW else self.bitmap[i]
+        self.bitmap[i] = old_bitmap | bit
+        repeat = bool(old_bitmap & bit)
+        if trace is not None:
+            trace.append("bitmap")
+        # Stage 3, count: first write resets, a new worker increments, a repeat only reads.
+        if outcome == TagOutcome.NEW:
+            self.count[i] = 1
+        elif not repeat:
+            self.count[i] += 1
+        count = self.count[i]
+        if trace is not None:
+            trace.append("count")
+        complete = count == job.n_workers
+        if repeat and not complete:
+            counters[JobCounter.DUPLICATE_PENDING] += 1
+            return []
+        # Stage 4, exponent: the max over workers of the exponent proposed for the slot's next chunk.
+        if outcome == TagOutcome.NEW:
+            self.exponent[i] = h.exponent
+        elif not repeat:
+            self.exponent[i] = max(self.exponent[i], h.exponent)
+        exponent = self.exponent[i]
+        if trace is not None:
+            trace.append("exponent")
+        # Stage 5, values: write, add (wrapping like int32 hardware) or read.
+        row = self.values[i]
+        if outcome == TagOutcome.NEW:
+            if row is None or row.size != values.size:
+                row = self.values[i] = np.empty(values.size, dtype=np.int32)
+            row[:] = values
+        elif not repeat:
+            np.add(row, values, out=row, casting="unsafe")
+        if trace is not None:
+            trace.append("values")
+        if not complete:
+            counters[JobCounter.CONTRIBUTIONS] += 1
+            return []
+        result = row.astype(VALUE_DTYPE)
+        head = h._replace(type=PacketType.RESULT, exponent=exponent)
+        if repeat:
+            counters[JobCounter.RESULTS_UNICAST] += 1
+            return [Emit(src, head, result)]
+        counters[JobCounter.CONTRIBUTIONS] += 1
+        counters[JobCounter.RESULTS_MULTICAST] += 1
+        return [Emit(dst, head._replace(worker=rank), result) for rank, dst in enumerate(job.workers)]
+
+    def _drop(self, reason: GlobalDrop) -> list[Emit]:
+        self.global_counters[reason] += 1
+        return []
+
+    # ---- observation ---------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, object]:
+        """All counters by name: switch-wide drops, and per job its events and drops."""
+        return {
+            "global": {r.name.lower(): self.global_counters[r] for r in GlobalDrop},
+            "jobs": {
+                job_id: {c.name.lower(): values[c] for c in JobCounter}
+                for job_id, values in self.job_counters.items()
+            },
+        }
+
+    def slot_state(self, job_id: int, slot: int) -> list[dict[str, int]]:
+        """Both copies of a job's slot, for diagnosing a stall (which workers are missing)."""
+        job = self.jobs[job_id]
+        out = []
+        for copy in (0, 1):
+            i = 2 * (job.slot_base + slot) + copy
+            live = self.tag[i] >> 32 == job.generation
+            out.append({"copy": copy, "chunk": self.tag[i] & _U32 if live else None,
+                        "bitmap": self.bitmap[i] if live else 0, "count": self.count[i] if live else 0})
+        return out

@@ -1,0 +1,134 @@
+"""The embedded software switch: :class:`SwitchModel` behind a batched UDP socket.
+
+It is the default target (no hardware, no BMv2) and runs in-process (threads)
+or as ``switchagg switch``. An optional control port (TCP, one JSON object per
+line, see :mod:`switchagg.switch.control`) lets another process read counters,
+reset a job or see which workers a slot still waits for.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+
+from ..config import Endpoint, JobConfig
+from ..transport import UdpSocket
+from ..wire import UDP_PORT
+from .control import ControlServer
+from .model import JobEntry, SwitchModel
+
+MAX_DATAGRAM = 65507
+
+
+def new_generation(avoid: int = 0) -> int:
+    """A fresh 32-bit generation: random, so no two deployments are likely to share one."""
+    while True:
+        g = secrets.randbits(32)
+        if g not in (0, avoid):
+            return g
+
+
+class SoftSwitch:
+    """The software switch; ``with SoftSwitch(...) as sw:`` starts and stops it."""
+
+    def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
+                 control: Endpoint | tuple[str, int] | None = None, num_slots: int = 1024,
+                 batched: bool | None = None, batch: int = 64) -> None:
+        self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
+        self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
+        self.model = SwitchModel(num_slots)
+        self.lock = threading.Lock()
+        self._batched, self._batch = batched, batch
+        self._sock: UdpSocket | None = None
+        self._thread: threading.Thread | None = None
+        self._control: ControlServer | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> SoftSwitch:
+        self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_DATAGRAM,
+                               batched=self._batched)
+        self.address = self._sock.address
+        if self.control_address is not None:
+            self._control = ControlServer(self.control_address, self)
+            self.control_address = self._control.address
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, name="switchagg-switch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> SoftSwitch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def backend(self) -> str:
+        return self._sock.backend if self._sock else "stopped"
+
+    def _serve(self) -> None:
+        sock, model = self._sock, self.model
+        try:
+            while not self._stop.is_set():
+                packets = sock.recv(0.05)
+                if not packets:
+                    continue
+                out = []
+                with self.lock:
+                    for data, src in packets:
+                        for emit in model.process(data, src):
+                            head = emit.header.pack()
+                            out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
+                if out:
+                    sock.send(out)
+        except BaseException as exc:  # surfaced by counters() and the CLI rather than lost
+            self.error = exc
+            raise
+
+    # ---- control ---------------------------------------------------------------------------------
+
+    def add_job(self, config: JobConfig) -> int:
+        """Install a job; returns its generation (the config's, or a fresh one)."""
+        generation = config.generation or new_generation()
+        with self.lock:
+            self.model.add_job(JobEntry.from_config(config, generation))
+        return generation
+
+    def remove_job(self, job_id: int) -> None:
+        with self.lock:
+            self.model.remove_job(job_id)
+
+    def reset_job(self, job_id: int) -> int:
+        """Start a new run of the job: a new generation, old state reads as empty."""
+        with self.lock:
+            old = self.model.jobs[job_id].generation if job_id in self.model.jobs else 0
+            generation = new_generation(old)
+            self.model.set_generation(job_id, generation)
+        return generation
+
+    def jobs(self) -> dict[int, JobEntry]:
+        with self.lock:
+            return dict(self.model.jobs)
+
+    def counters(self) -> dict[str, object]:
+        with self.lock:
+            return self.model.counters()
+
+    def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int]]]:
+        with self.lock:
+            return {s: self.model.slot_state(job_id, s) for s in slots}

@@ -1,0 +1,132 @@
+"""The switchagg wire format, defined once.
+
+Every other part (host library, software switch, scapy layer, tests and the P4
+header check) derives its view of a packet from :data:`FIELDS`, so a change here
+is a change everywhere. ``docs/protocol.md`` explains each field.
+
+A packet is Ethernet / IPv4 / UDP (destination port :data:`UDP_PORT` towards the
+switch) / a :data:`HEADER_SIZE`-byte switchagg header / ``count`` int32 values,
+everything big-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+VERSION = 1
+UDP_PORT = 16711  # 0x4147, "AG": the switch's port; workers use any port.
+MAX_WORKERS = 32  # the width of the worker bitmap
+EXP_NONE = -128  # "no exponent": an all-zero block, or no next chunk on the slot
+ETH_IPV4_UDP_OVERHEAD = 14 + 20 + 8
+IP_UDP_OVERHEAD = 20 + 8
+P4_VALUES_PER_PACKET = 64  # what one pass of the P4 program sums
+
+FLAG_COPY = 0x01  # which of the slot's two shadow copies the packet addresses
+
+
+class PacketType(enum.IntEnum):
+    """What a packet is; the switch accepts only CONTRIB and PROBE."""
+
+    CONTRIB = 1  # a worker's quantized chunk for one slot copy
+    RESULT = 2  # the finished sum, multicast or unicast to a worker
+    PROBE = 3  # "am I admitted, and under which generation?"
+    PROBE_REPLY = 4  # the switch's answer, carrying the job's generation
+
+
+class Field(NamedTuple):
+    """One header field: its name, width in bits, and whether it is signed."""
+
+    name: str
+    bits: int
+    signed: bool = False
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("version", 8),
+    Field("type", 8),
+    Field("flags", 8),
+    Field("worker", 8),
+    Field("job", 16),
+    Field("slot", 16),
+    Field("chunk", 32),
+    Field("generation", 32),
+    Field("key", 32),
+    Field("exponent", 8, signed=True),
+    Field("reserved", 8),
+    Field("count", 16),
+)
+
+_CODES = {(8, False): "B", (8, True): "b", (16, False): "H", (32, False): "I"}
+HEADER_STRUCT = struct.Struct(">" + "".join(_CODES[(f.bits, f.signed)] for f in FIELDS))
+HEADER_SIZE = HEADER_STRUCT.size
+VALUE_DTYPE = np.dtype(">i4")
+
+
+class Header(NamedTuple):
+    """A decoded switchagg header (field order and names follow :data:`FIELDS`)."""
+
+    version: int
+    type: int
+    flags: int
+    worker: int
+    job: int
+    slot: int
+    chunk: int
+    generation: int
+    key: int
+    exponent: int
+    reserved: int
+    count: int
+
+    @property
+    def copy(self) -> int:
+        return self.flags & FLAG_COPY
+
+    def pack(self) -> bytes:
+        return HEADER_STRUCT.pack(*self)
+
+
+assert Header._fields == tuple(f.name for f in FIELDS)
+assert HEADER_SIZE == sum(f.bits for f in FIELDS) // 8 == 24
+
+
+def make_header(
+    type: PacketType,
+    *,
+    job: int,
+    worker: int,
+    slot: int = 0,
+    copy: int = 0,
+    chunk: int = 0,
+    generation: int = 0,
+    key: int = 0,
+    exponent: int = EXP_NONE,
+    count: int = 0,
+) -> Header:
+    """Build a header with the current version and no reserved bits set."""
+    return Header(VERSION, int(type), copy & FLAG_COPY, worker, job, slot, chunk,
+                  generation, key, exponent, 0, count)
+
+
+def unpack_header(data: bytes | memoryview) -> Header:
+    """Decode the first :data:`HEADER_SIZE` bytes; the caller checks the length."""
+    return Header._make(HEADER_STRUCT.unpack_from(data))
+
+
+def values_of(data: bytes | memoryview, count: int) -> np.ndarray:
+    """The packet's values as a big-endian int32 view (no copy)."""
+    return np.frombuffer(data, dtype=VALUE_DTYPE, count=count, offset=HEADER_SIZE)
+
+
+def datagram_size(values_per_packet: int) -> int:
+    """UDP payload bytes of a packet with that many values."""
+    return HEADER_SIZE + 4 * values_per_packet
+
+
+def max_values_for_mtu(mtu: int) -> int:
+    """The largest K whose IPv4 packet fits an MTU without fragmentation."""
+    return (mtu - IP_UDP_OVERHEAD - HEADER_SIZE) // 4
