@@ -90,7 +90,8 @@ class Window:
             else:
                 self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
                 self.srtt = 0.875 * self.srtt + 0.125 * rtt
-            self.rto = min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+            # At least 1.5 round trips: a result also waits for the slowest peer's packet.
+            self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
         growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
         self.cwnd = min(float(self.max_size), self.cwnd + growth)
 

@@ -1,0 +1,71 @@
+"""Shared fixtures: loopback job configs on free ports and a running embedded switch."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from switchagg import JobConfig, SoftSwitch
+from switchagg.config import Endpoint, WorkerSpec
+
+
+def free_ports(n: int, kind: int = socket.SOCK_DGRAM) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_INET, kind)
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def loopback_config(n: int, *, switch_port: int, job_id: int = 1, slot_base: int = 0, slot_count: int = 16,
+                    k: int = 1024, control: int | None = None, key: int = 0xC0FFEE) -> JobConfig:
+    return JobConfig(
+        switch=Endpoint("127.0.0.1", switch_port),
+        control=Endpoint("127.0.0.1", control) if control else None,
+        job_id=job_id, key=key, slot_base=slot_base, slot_count=slot_count, values_per_packet=k,
+        workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in free_ports(n)))
+
+
+@pytest.fixture
+def soft_switch() -> Iterator[SoftSwitch]:
+    (control,) = free_ports(1, socket.SOCK_STREAM)
+    sw = SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", control)).start()
+    yield sw
+    sw.stop()
+    assert sw.error is None
+
+
+@pytest.fixture
+def make_job(soft_switch: SoftSwitch) -> Callable[..., JobConfig]:
+    def make(n: int, **kw) -> JobConfig:
+        cfg = loopback_config(n, switch_port=soft_switch.address[1],
+                              control=soft_switch.control_address[1], **kw)
+        soft_switch.add_job(cfg)
+        return cfg
+    return make
+
+
+def run_ranks(n: int, fn: Callable[[int], object], timeout: float = 60.0) -> list[object]:
+    """Run fn(rank) on n threads; return each result or the exception it raised."""
+    results: list[object] = [None] * n
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            results[rank] = exc
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a rank hung"
+    return results

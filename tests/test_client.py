@@ -1,0 +1,225 @@
+"""End to end on loopback: Clients through the embedded switch."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from switchagg import Client, ConfigError, JobNotStarted, QuantizationError, StallError
+from switchagg.wire import PacketType, make_header
+
+from .conftest import loopback_config, run_ranks
+
+
+def inputs(n, size, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        return [rng.integers(-10**6, 10**6, size).astype(np.int32) for _ in range(n)]
+    return [rng.standard_normal(size).astype(dtype) for _ in range(n)]
+
+
+def once(cfg, rank, x, **kw):
+    with Client(cfg, rank) as c:
+        return c.allreduce(x, **kw)
+
+
+def tolerance(xs, n):
+    scale = max(float(np.max(np.abs(x.astype(np.float64)))) for x in xs) if xs[0].size else 0
+    return n * scale * 2.0**-24 * 4 + 1e-30
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_allreduce_matches_numpy(make_job, n):
+    cfg = make_job(n, k=512, slot_count=8)
+    xs = inputs(n, 10_000 + n, seed=n)
+    out = run_ranks(n, lambda r: once(cfg, r, xs[r]))
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    for o in out:
+        assert not isinstance(o, BaseException), o
+        assert o.dtype == np.float32 and o.shape == xs[0].shape
+        assert np.max(np.abs(o - exact)) <= tolerance(xs, n)
+        assert np.array_equal(o, out[0])
+
+
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 4097])
+def test_lengths_not_multiple_of_k(make_job, size):
+    cfg = make_job(3, k=512, slot_count=4)
+    xs = inputs(3, size, seed=size)
+    out = run_ranks(3, lambda r: once(cfg, r, xs[r].reshape(-1, 1) if size else xs[r]))
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    for o in out:
+        assert not isinstance(o, BaseException), o
+        assert o.size == size
+        assert np.max(np.abs(o.reshape(-1) - exact), initial=0) <= tolerance(xs, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int32])
+def test_dtypes_mean_out_and_async(make_job, dtype):
+    n = 4
+    cfg = make_job(n, k=256, slot_count=4)
+    xs = inputs(n, 3000, dtype=dtype, seed=7)
+
+    def work(rank):
+        with Client(cfg, rank) as c:
+            s = c.allreduce(xs[rank])
+            out = np.empty_like(xs[rank])
+            if dtype == np.int32:
+                with pytest.raises(ValueError, match="mean"):
+                    c.allreduce(xs[rank], op="mean")
+                m = c.allreduce_async(xs[rank], out=out).result()
+            else:
+                m = c.allreduce_async(xs[rank], op="mean", out=out).result()
+            assert m is out
+            return s, m
+
+    out = run_ranks(n, work)
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    for o in out:
+        assert not isinstance(o, BaseException), o
+        s, m = o
+        assert s.dtype == dtype
+        if dtype == np.int32:
+            assert np.array_equal(s, exact.astype(np.int32)) and np.array_equal(m, s)
+        else:
+            rtol = 2e-3 if dtype == np.float16 else 1e-6
+            assert np.allclose(s, exact, rtol=rtol, atol=tolerance(xs, n) + rtol)
+            assert np.allclose(m, exact / n, rtol=rtol, atol=tolerance(xs, n) + rtol)
+
+
+def test_torch_tensors_keep_dtype_and_shape(make_job):
+    torch = pytest.importorskip("torch")
+    cfg = make_job(2, k=128, slot_count=4)
+    ts = [torch.randn(7, 33, generator=torch.Generator().manual_seed(r)).to(torch.bfloat16) for r in range(2)]
+    out = run_ranks(2, lambda r: once(cfg, r, ts[r], op="mean"))
+    exact = (ts[0].float() + ts[1].float()) / 2
+    for o in out:
+        assert not isinstance(o, BaseException), o
+        assert o.dtype == torch.bfloat16 and o.shape == (7, 33)
+        assert torch.allclose(o.float(), exact, rtol=1e-2, atol=1e-2)
+
+
+def test_several_jobs_on_one_switch_are_isolated(make_job):
+    a = make_job(3, job_id=1, slot_base=0, slot_count=4, k=256)
+    b = make_job(2, job_id=2, slot_base=4, slot_count=4, k=128)
+    xa, xb = inputs(3, 5000, seed=1), inputs(2, 3000, seed=2)
+
+    def work(i):
+        cfg, xs, rank = (a, xa, i) if i < 3 else (b, xb, i - 3)
+        with Client(cfg, rank) as c:
+            return [c.allreduce(xs[rank]) for _ in range(3)]
+
+    out = run_ranks(5, work)
+    for i, o in enumerate(out):
+        assert not isinstance(o, BaseException), o
+        xs = xa if i < 3 else xb
+        exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        for r in o:
+            assert np.max(np.abs(r - exact)) <= tolerance(xs, len(xs))
+
+
+def test_foreign_sender_and_fuzzed_headers_change_no_result(make_job, soft_switch):
+    cfg = make_job(2, k=256, slot_count=4)
+    xs = inputs(2, 20_000, seed=3)
+    clean = run_ranks(2, lambda r: once(cfg, r, xs[r]))
+    soft_switch.reset_job(cfg.job_id)
+    rng = np.random.default_rng(9)
+    attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    target = soft_switch.address
+    stop = []
+
+    def fuzz(_):
+        sent = 0
+        while not stop and sent < 20000:
+            kind = sent % 4
+            if kind == 0:  # random bytes
+                data = rng.bytes(int(rng.integers(0, 400)))
+            else:  # well-formed contributions from the wrong sender, worker ids and keys of the job
+                h = make_header(PacketType.CONTRIB, job=cfg.job_id, worker=int(rng.integers(0, 2)),
+                                slot=int(rng.integers(0, 4)), copy=int(rng.integers(0, 2)),
+                                chunk=int(rng.integers(0, 200)), key=cfg.key if kind == 1 else 1,
+                                exponent=100, count=256)
+                data = h.pack() + rng.integers(-2**31, 2**31, 256).astype(">i4").tobytes()
+            attacker.sendto(data, target)
+            sent += 1
+        return sent
+
+    def work(r):
+        if r == 2:
+            return fuzz(r)
+        with Client(cfg, r) as c:
+            res = c.allreduce(xs[r])
+        stop.append(True)
+        return res
+
+    out = run_ranks(3, work)
+    attacker.close()
+    for r in range(2):
+        assert np.array_equal(out[r], clean[r])
+    g = soft_switch.counters()["global"]
+    assert g["not_admitted"] + g["malformed"] + g["bad_version"] > 0
+
+
+def test_killed_worker_makes_others_fail_fast(make_job):
+    cfg = make_job(3, k=256, slot_count=4)
+    xs = inputs(3, 200_000)
+
+    def work(r):
+        c = Client(cfg, r, stall_timeout=2.0)
+        c.allreduce(xs[r][:1000])  # the job starts
+        if r == 2:
+            c._sock.close()  # dies: its socket is gone, it sends nothing more
+            return "dead"
+        t = time.monotonic()
+        try:
+            c.allreduce(xs[r])
+        except StallError as exc:
+            return exc, time.monotonic() - t
+        finally:
+            c.close()
+
+    out = run_ranks(3, work, timeout=30)
+    for o in out[:2]:
+        exc, took = o
+        assert isinstance(exc, StallError)
+        assert took < 5.0
+        assert "waits for workers [2]" in str(exc)
+
+
+def test_no_switch_means_job_not_started_quickly():
+    cfg = loopback_config(2, switch_port=9)  # discard port: nothing answers
+    with Client(cfg, 0, start_timeout=1.0) as c:
+        t = time.monotonic()
+        with pytest.raises(JobNotStarted, match="did not answer a probe"):
+            c.allreduce(np.ones(10, np.float32))
+        assert time.monotonic() - t < 3
+        with pytest.raises(Exception, match="earlier call"):  # a failed client refuses further calls
+            c.allreduce(np.ones(10, np.float32))
+
+
+def test_probe_reports_generation_and_checks_config(make_job, soft_switch):
+    cfg = make_job(2)
+    gen = soft_switch.jobs()[cfg.job_id].generation
+    with Client(cfg, 1) as c:
+        assert c.probe(2.0) == gen
+    with Client(cfg.with_generation(gen ^ 1), 1) as c, pytest.raises(ConfigError, match="generation"):
+        c.probe(2.0)
+
+
+def test_nan_raises_in_the_caller(make_job):
+    cfg = make_job(2)
+    with Client(cfg, 0) as c:
+        x = np.ones(100, np.float32)
+        x[50] = np.nan
+        with pytest.raises(QuantizationError):
+            c.allreduce_async(x)
+        with pytest.raises(TypeError, match="dtype"):
+            c.allreduce(np.ones(3, np.int64))
+
+
+def test_packets_larger_than_the_path_mtu_are_refused(make_job):
+    cfg = make_job(1, k=16383)
+    with pytest.raises(ConfigError, match="MTU"):
+        Client(cfg, 0)

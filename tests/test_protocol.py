@@ -1,0 +1,145 @@
+"""The worker state machine against the switch model, over simulated lossy links."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchagg import codec
+from switchagg.errors import JobNotStarted, StallError
+from switchagg.protocol import Window
+
+from .simnet import Impairment, Job, SimNet, reduce_all
+
+
+def data(n: int, size: int, seed: int = 1, dtype=np.float32) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        return [rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(n)]
+    return [(rng.standard_normal(size) * 10 ** rng.uniform(-3, 3)).astype(dtype) for _ in range(n)]
+
+
+def check_bound(results, xs, job: Job) -> None:
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+    flat = np.concatenate([x.astype(np.float32) for x in xs]).reshape(len(xs), -1)
+    exps = np.max([codec.propose_exponents(f, job.k) for f in flat], axis=0)
+    bound = np.repeat([codec.error_bound(int(e), job.n) for e in exps], job.k)[: exact.size]
+    for r in results:
+        assert np.all(np.abs(r.astype(np.float64) - exact) <= bound + np.abs(exact) * 2.0 ** -23)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 300])
+def test_lossless_sum_within_bound_and_identical(n, size):
+    job = Job(n=n, slots=4, k=16)
+    xs = data(n, size, seed=n * 1000 + size)
+    results, net = reduce_all(xs, job)
+    got = [r[0] for r in results]
+    check_bound(got, xs, job)
+    for r in got[1:]:
+        assert np.array_equal(r, got[0])  # every worker gets the very same bits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_loss_duplication_reordering_both_ways_is_bit_exact(seed):
+    job = Job(n=4, slots=8, k=16)
+    xs = data(4, 1000, seed=seed)
+    clean, _ = reduce_all(xs, job, rounds=3)
+    bad = Impairment(loss=0.1, dup=0.1, latency=0.001, jitter=0.004)
+    lossy, net = reduce_all(xs, job, up=bad, down=bad, seed=seed, rounds=3)
+    for r in range(4):
+        for a, b in zip(clean[r], lossy[r], strict=True):
+            assert np.array_equal(a, b)
+    counters = net.model.counters()["jobs"][1]
+    assert counters["duplicate_pending"] + counters["results_unicast"] > 0  # impairments did happen
+
+
+def test_int32_is_exact_and_wraps_like_int32():
+    job = Job(n=3, slots=4, k=8)
+    xs = data(3, 50, dtype=np.int32)
+    xs[0][0] = np.int32(2**31 - 1)
+    xs[1][0] = 5
+    results, _ = reduce_all(xs, job)
+    expect = (xs[0].astype(np.int64) + xs[1] + xs[2])
+    expect = ((expect + 2**31) % 2**32 - 2**31).astype(np.int32)
+    assert np.array_equal(results[0][0], expect)
+
+
+def test_many_rounds_keep_copies_and_ids_in_step():
+    job = Job(n=2, slots=3, k=4)
+    rng = np.random.default_rng(3)
+    sizes = [1, 7, 30, 2, 13]
+    model = None
+    from switchagg.switch.model import SwitchModel
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    net = SimNet(model, seed=2)
+    ws = [net.add_worker(job, r) for r in range(2)]
+    for size in sizes:
+        xs = [rng.standard_normal(size).astype(np.float32) for _ in ws]
+        for w, x in zip(ws, xs, strict=True):
+            net.start(w, x)
+        net.run()
+        check_bound([w.out for w in ws], xs, job)
+    assert model.counters()["jobs"][1]["stale"] == 0
+
+
+def test_dead_peer_gives_stall_error_fast_naming_chunks():
+    job = Job(n=3, slots=4, k=8)
+    from switchagg.switch.model import SwitchModel
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    net = SimNet(model)
+    ws = [net.add_worker(job, r, started=True) for r in range(3)]
+    ws[2].dead_after = 5
+    xs = data(3, 400)
+    for w, x in zip(ws, xs, strict=True):
+        net.start(w, x, progress_timeout=5.0)
+    net.run()
+    for w in ws[:2]:
+        assert isinstance(w.error, StallError)
+        assert "chunk" in str(w.error) and "slot" in str(w.error)
+    assert net.now < 10.0
+
+
+def test_job_never_starting_raises_job_not_started_after_start_timeout():
+    job = Job(n=2, slots=4, k=8)
+    from switchagg.switch.model import SwitchModel
+    model = SwitchModel(16)  # the job is not installed: every packet is dropped
+    net = SimNet(model)
+    w = net.add_worker(job, 0)
+    net.start(w, data(1, 40)[0], progress_timeout=60.0)
+    net.run()
+    assert isinstance(w.error, JobNotStarted)
+    assert 60.0 <= net.now < 62.0
+    assert model.counters()["global"]["not_admitted"] > 10  # it kept retransmitting, with backoff
+    # backoff: each of the 4 packets in the first window resends at most once per max_rto (1 s)
+    assert w.sent <= 4 * (60 + 5)
+
+
+def test_window_backs_off_on_loss_and_grows_back():
+    win = Window(max_size=64, initial=4)
+    for _ in range(60):  # slow start: +1 per result, i.e. doubling per round trip
+        win.on_result(0.001)
+    assert win.cwnd == 64
+    win.on_timeout(now=1.0)
+    assert win.cwnd == 32
+    win.on_timeout(now=1.0)  # same round trip: one reduction only
+    assert win.cwnd == 32
+    for _ in range(100):
+        win.on_result(0.001)
+    assert 32 < win.cwnd <= 64
+    assert win.min_rto <= win.rto <= win.max_rto
+    assert win.timeout_for(10) == win.max_rto
+
+
+def test_window_paces_a_slow_switch():
+    """A long-latency path: the window caps what is in flight, retransmissions stay rare."""
+    job = Job(n=2, slots=64, k=16)
+    xs = data(2, 16 * 400)
+    slow = Impairment(latency=0.005)
+    results, net = reduce_all(xs, job, up=slow, down=slow)
+    check_bound([r[0] for r in results], xs, job)
+    for w in net.workers.values():
+        assert w.red.retransmissions <= 4
+        assert w.sent <= w.red.total + 4

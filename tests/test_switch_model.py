@@ -1,0 +1,222 @@
+"""Every rule of the switch semantics (docs/protocol.md, "Switch state"), on the pure model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchagg.errors import ConfigError
+from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
+from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
+
+K = 4
+KEY = 0x5EED
+
+
+def job(job_id=1, n=3, base=0, slots=4, gen=9, k=K):
+    return JobEntry(job_id, gen, KEY, base, slots, k, tuple((f"10.0.0.{i + 1}", 5000 + i) for i in range(n)))
+
+
+def pkt(worker, chunk, values=None, *, job_id=1, slot=0, copy=0, gen=9, key=KEY, exp=3, k=K, **kw):
+    values = np.full(k, worker + 1) if values is None else np.asarray(values)
+    h = make_header(PacketType.CONTRIB, job=job_id, worker=worker, slot=slot, copy=copy, chunk=chunk,
+                    generation=gen, key=key, exponent=exp, count=len(values))._replace(**kw)
+    return h.pack() + values.astype(">i4").tobytes()
+
+
+def src(worker):
+    return (f"10.0.0.{worker + 1}", 5000 + worker)
+
+
+@pytest.fixture
+def sw():
+    m = SwitchModel(num_slots=16)
+    m.add_job(job())
+    return m
+
+
+def decode(emit):
+    data = emit.payload()
+    h = unpack_header(data)
+    return h, values_of(data, h.count).astype(np.int64)
+
+
+def jc(m, job_id=1):
+    return m.counters()["jobs"][job_id]
+
+
+def test_power_up_state_is_empty_so_chunk_zero_is_a_first_write(sw):
+    assert sw.process(pkt(0, 0), src(0)) == []
+    assert sw.slot_state(1, 0)[0] == {"copy": 0, "chunk": 0, "bitmap": 1, "count": 1}
+
+
+def test_first_writes_later_add_last_multicasts_to_every_worker(sw):
+    assert sw.process(pkt(0, 5, [1, 2, 3, 4], exp=2), src(0)) == []
+    assert sw.process(pkt(1, 5, [10, 20, 30, 40], exp=7), src(1)) == []
+    out = sw.process(pkt(2, 5, [100, 200, 300, 400], exp=-1), src(2))
+    assert [e.dst for e in out] == [src(0), src(1), src(2)]
+    for rank, e in enumerate(out):
+        h, v = decode(e)
+        assert h.type == PacketType.RESULT and h.worker == rank and h.chunk == 5
+        assert h.exponent == 7  # the max proposal
+        assert v.tolist() == [111, 222, 333, 444]
+    c = jc(sw)
+    assert c["contributions"] == 3 and c["results_multicast"] == 1
+
+
+def test_new_chunk_on_a_copy_resets_it(sw):
+    for w in range(3):
+        sw.process(pkt(w, 1, [5] * K), src(w))
+    sw.process(pkt(0, 9, [1] * K), src(0))  # a newer chunk: write, not add
+    assert sw.slot_state(1, 0)[0] == {"copy": 0, "chunk": 9, "bitmap": 1, "count": 1}
+    sw.process(pkt(1, 9, [1] * K), src(1))
+    out = sw.process(pkt(2, 9, [1] * K), src(2))
+    assert decode(out[0])[1].tolist() == [3] * K
+
+
+def test_repeat_after_completion_gets_stored_result_unicast(sw):
+    for w in range(3):
+        sw.process(pkt(w, 4), src(w))
+    out = sw.process(pkt(1, 4), src(1))
+    assert len(out) == 1 and out[0].dst == src(1)
+    h, v = decode(out[0])
+    assert h.type == PacketType.RESULT and v.tolist() == [6] * K
+    assert jc(sw)["results_unicast"] == 1
+    again = sw.process(pkt(1, 4), src(1))  # and it is not added twice
+    assert decode(again[0])[1].tolist() == [6] * K
+
+
+def test_repeat_before_completion_is_dropped_and_counted(sw):
+    sw.process(pkt(0, 4), src(0))
+    assert sw.process(pkt(0, 4), src(0)) == []
+    assert jc(sw)["duplicate_pending"] == 1
+    sw.process(pkt(1, 4), src(1))
+    out = sw.process(pkt(2, 4), src(2))
+    assert decode(out[0])[1].tolist() == [6] * K  # the repeat was not added
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_older_chunk_is_stale_whether_or_not_the_copy_is_complete(sw, complete):
+    for w in range(3 if complete else 1):
+        sw.process(pkt(w, 100), src(w))
+    before = sw.slot_state(1, 0)
+    assert sw.process(pkt(1, 99), src(1)) == []
+    assert jc(sw)["stale"] == 1
+    assert sw.slot_state(1, 0) == before  # the late duplicate wiped nothing
+    if complete:
+        assert len(sw.process(pkt(0, 100), src(0))) == 1
+
+
+def test_chunk_ids_compare_across_wrap_around(sw):
+    assert chunk_is_newer(0, 0xFFFFFFFF) and chunk_is_newer(5, 0xFFFFFFF0)
+    assert not chunk_is_newer(0xFFFFFFFF, 0) and not chunk_is_newer(7, 7)
+    sw.process(pkt(0, 0xFFFFFFFE), src(0))
+    sw.process(pkt(0, 1), src(0))  # newer across the wrap: a first write
+    assert sw.slot_state(1, 0)[0]["chunk"] == 1
+    assert sw.process(pkt(1, 0xFFFFFFFE), src(1)) == []
+    assert jc(sw)["stale"] == 1
+
+
+def test_two_shadow_copies_are_independent(sw):
+    for w in range(3):
+        sw.process(pkt(w, 10, copy=0), src(w))
+    sw.process(pkt(0, 14, copy=1), src(0))  # worker 0 moves on to the other copy
+    out = sw.process(pkt(2, 10, copy=0), src(2))  # worker 2 still retransmits the old one
+    assert decode(out[0])[1].tolist() == [6] * K
+
+
+def test_generation_bump_treats_old_state_as_empty():
+    m = SwitchModel(16)
+    m.add_job(job(gen=1))
+    m.process(pkt(0, 50, gen=1), src(0))
+    m.process(pkt(1, 50, gen=1), src(1))
+    m.set_generation(1, 2)
+    assert m.process(pkt(2, 50, gen=1), src(2)) == []  # the old run's packet
+    assert jc(m)["wrong_generation"] == 1
+    m.process(pkt(0, 0, gen=2), src(0))  # chunk 0 < 50, yet a first write: old state is empty
+    m.process(pkt(1, 0, gen=2), src(1))
+    out = m.process(pkt(2, 0, gen=2), src(2))
+    assert decode(out[0])[1].tolist() == [6] * K  # nothing of the old run leaked in
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"key": KEY + 1}, "not_admitted"),
+    ({"worker": 3}, "not_admitted"),
+    ({"job_id": 2}, "not_admitted"),
+    ({"version": 2}, "bad_version"),
+    ({"reserved": 1}, "malformed"),
+    ({"flags": 0x02}, "malformed"),
+    ({"worker": 32}, "malformed"),
+    ({"type": PacketType.RESULT}, "malformed"),
+    ({"type": 77}, "malformed"),
+])
+def test_bad_packets_are_dropped_and_counted_by_reason(sw, change, reason):
+    kw = dict(change)
+    data = pkt(kw.pop("worker", 0), 3, job_id=kw.pop("job_id", 1), key=kw.pop("key", KEY), **kw)
+    assert sw.process(data, src(0)) == []
+    assert sw.counters()["global"][reason] == 1
+
+
+def test_foreign_source_address_is_not_admitted(sw):
+    assert sw.process(pkt(0, 3), ("10.9.9.9", 5000)) == []
+    assert sw.process(pkt(0, 3), ("10.0.0.1", 5999)) == []
+    assert sw.counters()["global"]["not_admitted"] == 2
+
+
+def test_length_and_count_checks(sw):
+    good = pkt(0, 3)
+    assert sw.process(good[:HEADER_SIZE - 1], src(0)) == []
+    assert sw.process(good[:-4], src(0)) == []  # count says 4 values, 3 are there
+    assert sw.process(good + b"\0" * 4, src(0)) == []
+    assert sw.counters()["global"]["malformed"] == 3
+    assert sw.process(pkt(0, 3, values=[1] * (K + 1)), src(0)) == []
+    assert jc(sw)["bad_count"] == 1
+    assert sw.process(pkt(0, 3, slot=4), src(0)) == []
+    assert jc(sw)["slot_out_of_range"] == 1
+    assert sw.slot_state(1, 0)[0]["count"] == 0
+
+
+def test_probe_is_answered_with_the_generation_only_when_admitted(sw):
+    probe = make_header(PacketType.PROBE, job=1, worker=2, key=KEY).pack()
+    out = sw.process(probe, src(2))
+    assert len(out) == 1 and out[0].dst == src(2)
+    h = unpack_header(out[0].payload())
+    assert h.type == PacketType.PROBE_REPLY and h.generation == 9
+    assert sw.process(probe, src(1)) == []
+    assert jc(sw)["probes"] == 1 and sw.counters()["global"]["not_admitted"] == 1
+
+
+def test_jobs_are_isolated_and_cannot_overlap():
+    m = SwitchModel(16)
+    m.add_job(job(job_id=1, base=0, slots=4))
+    with pytest.raises(ConfigError, match="overlap"):
+        m.add_job(job(job_id=2, base=3, slots=4))
+    with pytest.raises(ConfigError, match="already installed"):
+        m.add_job(job(job_id=1, base=8, slots=4))
+    with pytest.raises(ConfigError, match="16"):
+        m.add_job(job(job_id=3, base=14, slots=4))
+    m.add_job(job(job_id=2, base=4, slots=4, n=2))
+    m.process(pkt(0, 1, job_id=1, values=[1] * K), src(0))
+    m.process(pkt(0, 1, job_id=2, values=[1000] * K), src(0))
+    out = m.process(pkt(1, 1, job_id=2, values=[1000] * K), src(1))
+    assert len(out) == 2 and decode(out[0])[1].tolist() == [2000] * K
+    assert m.slot_state(1, 0)[0]["count"] == 1  # job 1's slot 0 is untouched
+
+
+def test_each_packet_touches_registers_once_in_the_documented_order(sw):
+    sw.trace = []
+    cases = [pkt(0, 1), pkt(0, 1), pkt(1, 1), pkt(2, 1), pkt(2, 1), pkt(0, 0)]
+    for data in cases:
+        start = len(sw.trace)
+        sw.process(data, src(unpack_header(data).worker))
+        touched = sw.trace[start:]
+        assert len(touched) == len(set(touched))
+        assert touched == list(STAGES[: len(touched)])  # a prefix of tag, bitmap, count, exponent, values
+    assert sw.trace.count("values") == 4  # 3 contributions + 1 repeat served after completion
+
+
+def test_sums_wrap_like_int32_hardware(sw):
+    sw.process(pkt(0, 1, [2**31 - 1] * K), src(0))
+    sw.process(pkt(1, 1, [1] * K), src(1))
+    out = sw.process(pkt(2, 1, [0] * K), src(2))
+    assert decode(out[0])[1].tolist() == [-(2**31)] * K
