@@ -94,7 +94,7 @@ class Client:
         k, n = self.config.values_per_packet, self.config.n_workers
         if kind == "float":
             flat = np.ascontiguousarray(flat, dtype=np.float32)
-            result = np.empty_like(flat)
+            result = _result_buffer(out, flat)
             payloads = FloatPayloads(flat, result, k, n)  # raises on NaN/Inf here, in the caller
         else:
             flat = np.ascontiguousarray(flat, dtype=np.int32)
@@ -267,13 +267,22 @@ def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]
         shaped = result.reshape(shape)
         if out is None:
             return shaped.astype(dtype, copy=False)
-        np.copyto(out, shaped, casting="unsafe")
+        if not np.may_share_memory(out, shaped):  # not already written in place
+            np.copyto(out, shaped, casting="unsafe")
         return out
 
     flat = arr.reshape(-1)
     if arr.dtype.name == "bfloat16":
         flat = flat.astype(np.float32)
     return flat, restore, kind
+
+
+def _result_buffer(out: Any, flat: np.ndarray) -> np.ndarray:
+    """Where the float32 sums go: straight into ``out`` when it can hold them, saving a pass."""
+    if (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+            and out.size == flat.size and not np.may_share_memory(out, flat)):
+        return out.reshape(-1)
+    return np.empty_like(flat)
 
 
 def _kind(dtype_name: str) -> str:

@@ -76,30 +76,47 @@ class Window:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self._recovery_until = -math.inf
+        self._cwnd_before_loss = self.cwnd
+        self.min_rtt = math.inf
         self.losses = 0
+        self.spurious = 0
 
     @property
     def size(self) -> int:
         return max(1, int(self.cwnd))
 
-    def on_result(self, rtt: float | None) -> None:
-        """A new result: grow the window; ``rtt`` is None for a retransmitted packet (Karn)."""
-        if rtt is not None:
-            if self.srtt is None:
-                self.srtt, self.rttvar = rtt, rtt / 2
-            else:
-                self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-                self.srtt = 0.875 * self.srtt + 0.125 * rtt
-            # At least 1.5 round trips: a result also waits for the slowest peer's packet.
-            self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
+    def on_result(self, rtt: float) -> None:
+        """A new result ``rtt`` seconds after its packet was (last) sent: learn and grow."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.min_rtt = min(self.min_rtt, rtt)
+        # At least 1.5 round trips: a result also waits for the slowest peer's packet.
+        self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
         growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
         self.cwnd = min(float(self.max_size), self.cwnd + growth)
+
+    def is_spurious(self, since_last_send: float) -> bool:
+        """A result this soon after a retransmission answers the original: the timeout was early.
+
+        No real loss then, only a peer that was slow (on a busy host, one descheduled
+        for a few milliseconds): :meth:`undo` takes the window reduction back.
+        """
+        return since_last_send < self.min_rtt / 2
+
+    def undo(self) -> None:
+        self.cwnd = max(self.cwnd, self._cwnd_before_loss)
+        self.ssthresh = max(self.ssthresh, self._cwnd_before_loss)
+        self.spurious += 1
 
     def on_timeout(self, now: float) -> None:
         """A packet timed out: halve the window, once per round trip of losses."""
         self.losses += 1
         if now < self._recovery_until:
             return
+        self._cwnd_before_loss = self.cwnd
         self.ssthresh = max(1.0, self.cwnd / 2)
         self.cwnd = self.ssthresh
         self._recovery_until = now + (self.srtt or self.rto)
@@ -149,7 +166,7 @@ class Reduction:
         self._done = np.zeros(self.total, dtype=bool)
         self.n_done = 0
         self._next = 0
-        self._outstanding: dict[int, list[float]] = {}  # t -> [last send time, retries]
+        self._outstanding: dict[int, list[float]] = {}  # t -> [last send, retries, first send]
         self._timers: list[tuple[float, int, int]] = []  # (deadline, t, retries) with lazy removal
         self.outbox: list[Send] = []
         self.last_progress = now
@@ -195,7 +212,8 @@ class Reduction:
 
     def _send(self, t: int, now: float, retries: int) -> None:
         self.outbox.append(self._packet(t))
-        self._outstanding[t] = [now, retries]
+        first = self._outstanding[t][2] if retries else now
+        self._outstanding[t] = [now, retries, first]
         heapq.heappush(self._timers, (now + self.window.timeout_for(retries), t, retries))
 
     def _fill(self, now: float) -> None:
@@ -219,7 +237,7 @@ class Reduction:
                 or t not in self._outstanding or h.slot != self._slot[t] or h.copy != self._copy[t]):
             self.duplicates += 1
             return False
-        sent, retries = self._outstanding.pop(t)
+        sent, retries, first = self._outstanding.pop(t)
         self._done[t] = True
         self.n_done += 1
         self._agreed[t] = h.exponent
@@ -227,7 +245,12 @@ class Reduction:
             d = t - self.rounds
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else int(self._agreed[prev]), values)
-        self.window.on_result(now - sent if retries == 0 else None)
+        if retries == 0:
+            self.window.on_result(now - sent)
+        elif self.window.is_spurious(now - sent):
+            self.window.undo()
+            self.window.on_result(now - first)  # the original's true round trip
+        # else: ambiguous (Karn): learn nothing from it
         self.last_progress = now
         self.started = True
         self._fill(now)

@@ -83,7 +83,7 @@ class TransportStats:
     send_calls: int = 0
     received: int = 0
     recv_calls: int = 0
-    refused: int = 0  # datagrams the kernel would not send (counted as loss)
+    refused: int = 0  # sends the kernel refused, or ICMP errors it reported (counted as loss)
 
 
 class UdpSocket:
@@ -122,18 +122,25 @@ class UdpSocket:
         self._poll.register(self.sock.fileno(), select.POLLIN)
         self._rbuf = np.empty((batch, max_datagram), dtype=np.uint8)
         self._rview = memoryview(self._rbuf).cast("B")
-        self._names: dict[Address, bytes] = {}
+        self._names: dict[Address, ctypes.Array] = {}
         if self.batched:
-            self._rvec = (_MMsgHdr * batch)()
-            self._riov = (_IoVec * batch)()
+            self._sbuf = np.empty((batch, max_datagram), dtype=np.uint8)
+            self._svec, self._siov = self._vectors(self._sbuf, named=peer is None)
+            self._rvec, self._riov = self._vectors(self._rbuf, named=True)
             self._rnames = ctypes.create_string_buffer(16 * batch)
-            base = self._rbuf.ctypes.data
             for i in range(batch):
-                self._riov[i].base, self._riov[i].len = base + i * max_datagram, max_datagram
-                hdr = self._rvec[i].hdr
-                hdr.iov = ctypes.pointer(self._riov[i])
-                hdr.iovlen = 1
-                hdr.name = ctypes.addressof(self._rnames) + 16 * i
+                self._rvec[i].hdr.name = ctypes.addressof(self._rnames) + 16 * i
+
+    def _vectors(self, rows: np.ndarray, named: bool) -> tuple[ctypes.Array, ctypes.Array]:
+        """mmsghdr and iovec arrays whose i-th entry points at row i of ``rows``."""
+        vec = (_MMsgHdr * len(rows))()
+        iovs = (_IoVec * len(rows))()
+        for i in range(len(rows)):
+            iovs[i].base, iovs[i].len = rows.ctypes.data + i * rows.shape[1], rows.shape[1]
+            vec[i].hdr.iov = ctypes.pointer(iovs[i])
+            vec[i].hdr.iovlen = 1
+            vec[i].hdr.namelen = 16 if named else 0
+        return vec, iovs
 
     @property
     def address(self) -> Address:
@@ -188,26 +195,24 @@ class UdpSocket:
         return refused
 
     def _send_mmsg(self, messages: Sequence[Message]) -> int:
-        n = len(messages)
-        vec = (_MMsgHdr * n)()
-        iovs = (_IoVec * (2 * n))()
-        keep = []
+        if len(messages) == 1:  # one datagram: a plain sendmsg is the cheaper call
+            return self._send_plain(messages)
+        # Gather each datagram into its fixed row of the send buffer: the iovecs never change,
+        # so a message costs one memcpy and one or two ctypes stores.
+        vec, rows, iovs = self._svec, self._sbuf, self._siov
         for i, (parts, addr) in enumerate(messages):
-            if len(parts) > 2:
-                raise ValueError("a message has at most two parts (header and values)")
-            for j, part in enumerate(parts):
-                iovs[2 * i + j].base, iovs[2 * i + j].len = _pointer(part)
-            keep.append(parts)
-            hdr = vec[i].hdr
-            hdr.iov = ctypes.cast(ctypes.addressof(iovs) + 2 * i * ctypes.sizeof(_IoVec),
-                                  ctypes.POINTER(_IoVec))
-            hdr.iovlen = len(parts)
+            size = 0
+            for part in parts:
+                raw = part.view(np.uint8) if isinstance(part, np.ndarray) else np.frombuffer(part, np.uint8)
+                rows[i, size:size + raw.size] = raw
+                size += raw.size
+            iovs[i].len = size
             if addr is not None:
                 name = self._names.get(addr)
                 if name is None:
-                    name = self._names[addr] = _sockaddr(addr)
-                keep.append(name)
-                hdr.name, hdr.namelen = _pointer(name)[0], 16
+                    name = self._names[addr] = ctypes.create_string_buffer(_sockaddr(addr), 16)
+                vec[i].hdr.name = ctypes.addressof(name)
+        n = len(messages)
         done = refused = 0
         fd = self.sock.fileno()
         while done < n:
@@ -223,7 +228,6 @@ class UdpSocket:
                 continue
             self.stats.sent += sent
             done += sent
-        del keep
         return refused
 
     # ---- receiving -------------------------------------------------------------------------------
@@ -253,6 +257,7 @@ class UdpSocket:
             except OSError as exc:
                 if exc.errno not in _TRANSIENT:
                     raise
+                self.stats.refused += 1  # an ICMP error reported late: a loss
                 continue
             out.append((view[:size], addr))
         self.stats.received += len(out)
@@ -272,6 +277,7 @@ class UdpSocket:
                 return []
             if err not in _TRANSIENT and err != errno.EINTR:
                 raise OSError(err, f"recvmmsg failed: {errno.errorcode.get(err, err)}")
+            self.stats.refused += err != errno.EINTR  # an ICMP error reported late: a loss
         names = self._rnames.raw
         out = []
         for i in range(got):

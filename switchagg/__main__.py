@@ -1,0 +1,7 @@
+"""``python -m switchagg`` is the ``switchagg`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,182 @@
+"""``switchagg bench``: allreduce through the embedded switch against gloo, measured in one run.
+
+The switch runs as its own process (``switchagg switch``), the workers as
+``workers`` processes; then gloo's allreduce of the same tensor among the same
+number of processes. Each side gets a warm-up and ``reps`` timed calls; a
+call's time is the slowest worker's, and the median call is reported.
+
+On one machine the switch process competes with the workers for the CPUs, so
+two figures are printed: ``host_cpu_ratio_vs_gloo`` (worker CPU seconds per GiB
+reduced, ours over gloo's; the switch is not counted, on a real deployment it is
+hardware) and, last, ``ratio_vs_gloo`` (our throughput over gloo's).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .config import JobConfig
+from .local import free_ports, loopback_job, run_processes
+
+
+def _timed_calls(call, reps: int) -> dict[str, list[float]]:
+    call()  # warm-up
+    walls, cpus = [], []
+    for _ in range(reps):
+        t, c = time.perf_counter(), time.process_time()
+        call()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return {"wall": walls, "cpu": cpus}
+
+
+def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int) -> None:
+    import tomllib
+
+    from .client import Client
+
+    try:
+        cfg = JobConfig.from_dict(tomllib.loads(config_toml))
+        x = np.random.default_rng(rank).standard_normal(numel).astype(np.float32)
+        with Client(cfg, rank) as client:
+            out = np.empty_like(x)
+            stats = _timed_calls(lambda: client.allreduce(x, out=out), reps)
+            stats["backend"] = client.backend
+            stats["retransmissions"] = client.window.losses
+        queue.put((rank, "result", stats))
+    except Exception:  # noqa: BLE001 - the parent reports it
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def _gloo_worker(rank: int, queue, world: int, port: int, numel: int, reps: int) -> None:
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        x = torch.from_numpy(np.random.default_rng(rank).standard_normal(numel).astype(np.float32))
+        buf = x.clone()
+
+        def call() -> None:
+            buf.copy_(x)
+            dist.all_reduce(buf)
+
+        stats = _timed_calls(call, reps)
+        dist.destroy_process_group()
+        queue.put((rank, "result", stats))
+    except Exception:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def _summary(per_worker: list[dict], nbytes: int) -> tuple[float, float]:
+    """Median over calls of the slowest worker's time; worker CPU seconds per GiB."""
+    reps = len(per_worker[0]["wall"])
+    wall = statistics.median(max(w["wall"][i] for w in per_worker) for i in range(reps))
+    cpu = statistics.median(statistics.mean(w["cpu"][i] for w in per_worker) for i in range(reps))
+    return wall, cpu / (nbytes / 2**30)
+
+
+def _start_switch(cfg: JobConfig, workdir: Path) -> subprocess.Popen:
+    path = cfg.write(workdir / "job.toml")
+    proc = subprocess.Popen([sys.executable, "-m", "switchagg", "switch", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("switchagg switch on"):
+            return proc
+    raise RuntimeError(f"the switch process did not start (exit {proc.wait()})")
+
+
+def codec_speed(numel: int = 1 << 24, k: int = 8192, n: int = 4) -> tuple[float, float]:
+    """GB/s of float32 for quantize+pack and for unpack+dequantize, one core."""
+    from .payloads import FloatPayloads
+
+    x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+    out = np.empty_like(x)
+    t = time.perf_counter()
+    p = FloatPayloads(x, out, k, n)
+    blocks = [p.encode(d, int(e)) for d, e in enumerate(p.proposals())]
+    enc = time.perf_counter() - t
+    t = time.perf_counter()
+    for d, (e, b) in enumerate(zip(p.proposals(), blocks, strict=True)):
+        p.decode(d, int(e), b)
+    dec = time.perf_counter() - t
+    return x.nbytes / enc / 1e9, x.nbytes / dec / 1e9
+
+
+def transport_speed(packets: int = 200_000, k: int = 64) -> dict[str, float]:
+    """Datagrams per second sent on loopback: batched sendmmsg against one sendto a datagram."""
+    import socket
+
+    from .transport import UdpSocket
+    from .wire import datagram_size
+
+    payload = bytes(datagram_size(k))
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    rates = {}
+    for batched in (True, False):
+        with UdpSocket(("127.0.0.1", 0), peer=sink.getsockname(), batched=batched) as s:
+            msgs = [((payload,), None)] * s.batch
+            t = time.perf_counter()
+            for _ in range(packets // s.batch):
+                s.send(msgs)
+            rates[s.backend] = packets // s.batch * s.batch / (time.perf_counter() - t)
+    plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    addr = sink.getsockname()
+    t = time.perf_counter()
+    for _ in range(packets):
+        plain.sendto(payload, addr)
+    rates["sendto"] = packets / (time.perf_counter() - t)
+    plain.close()
+    sink.close()
+    return rates
+
+
+def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 8192, slots: int = 64,
+              gloo: bool = True) -> int:
+    numel = int(mib * 2**20 / 4)
+    nbytes = numel * 4
+    print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), warm-up + {reps} reps, "
+          f"median; cores here: {os.cpu_count()}")
+    cfg = loopback_job(workers, values_per_packet=k, slot_count=slots)
+    with tempfile.TemporaryDirectory() as tmp:
+        switch = _start_switch(cfg, Path(tmp))
+        try:
+            ours = run_processes(_switchagg_worker, workers, (cfg.to_toml(), numel, reps))
+        finally:
+            switch.terminate()
+            switch.wait(10)
+    wall, cpu = _summary(ours, nbytes)
+    print(f"switchagg: K={k}, {slots} slots, transport {ours[0]['backend']}: {wall * 1e3:.1f} ms per "
+          f"allreduce, {nbytes / wall / 2**30:.3f} GiB/s, worker CPU {cpu:.2f} s/GiB, "
+          f"timeouts {sum(w['retransmissions'] for w in ours)}")
+    enc, dec = codec_speed(k=k, n=workers)
+    print(f"codec (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s")
+    rates = transport_speed()
+    print("transport, 280-byte datagrams sent per second: "
+          + ", ".join(f"{name} {rate / 1e3:.0f}k" for name, rate in rates.items()))
+    if not gloo:
+        return 0
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("gloo baseline skipped: torch is not installed (install the 'torch' extra)")
+        return 0
+    (port,) = free_ports(1, kind=1)
+    base = run_processes(_gloo_worker, workers, (workers, port, numel, reps))
+    gwall, gcpu = _summary(base, nbytes)
+    print(f"gloo: {gwall * 1e3:.1f} ms per allreduce, {nbytes / gwall / 2**30:.3f} GiB/s, "
+          f"worker CPU {gcpu:.2f} s/GiB")
+    print(f"host_cpu_ratio_vs_gloo={cpu / gcpu:.3f}")
+    print(f"ratio_vs_gloo={gwall / wall:.3f}")
+    return 0

@@ -1,0 +1,190 @@
+"""The ``switchagg`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from .config import Endpoint, JobConfig
+from .errors import SwitchAggError
+
+
+def _cmd_switch(args: argparse.Namespace) -> int:
+    from .switch.server import SoftSwitch
+
+    configs = [JobConfig.from_file(p) for p in args.config]
+    address = Endpoint.parse(args.address, "--address") if args.address else configs[0].switch
+    control = Endpoint.parse(args.control, "--control") if args.control else configs[0].control
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with SoftSwitch(address, control=control, num_slots=args.slots) as sw:
+        for cfg in configs:
+            gen = sw.add_job(cfg)
+            print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
+                  f"{cfg.slot_base + cfg.slot_count - 1}, K={cfg.values_per_packet}, generation {gen}")
+        where = f", control on {sw.control_address[0]}:{sw.control_address[1]}" if control else ""
+        print(f"switchagg switch on {sw.address[0]}:{sw.address[1]} ({sw.backend}){where}; Ctrl-C stops it",
+              flush=True)
+        try:
+            while not stop.wait(0.5):
+                if sw.error is not None:
+                    raise sw.error
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _soft_control(cfg: JobConfig) -> Endpoint:
+    if cfg.control is None:
+        raise SwitchAggError("this config has no switch.control address: add one "
+                             "(e.g. control = \"127.0.0.1:16712\") and restart `switchagg switch`")
+    return cfg.control
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cfg = JobConfig.from_file(args.config)
+    if args.target == "bmv2":
+        from .control.bmv2 import read_status
+
+        status = read_status(cfg, args.grpc, device_id=args.device_id)
+    else:
+        from .switch.control import request
+
+        status = request(_soft_control(cfg), {"op": "status"})
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    job = status.get("jobs", {}).get(str(cfg.job_id))
+    counters = status["counters"]
+    print(f"switch {cfg.switch} ({args.target})")
+    if job is None:
+        print(f"job {cfg.job_id}: NOT INSTALLED on this switch (deploy it, or start `switchagg switch`)")
+    else:
+        print(f"job {cfg.job_id}: generation {job['generation']}, slots {job['slot_base']}.."
+              f"{job['slot_base'] + job['slot_count'] - 1}, {len(job['workers'])} workers")
+        for name, value in counters["jobs"].get(str(cfg.job_id), {}).items():
+            print(f"  {name:<20} {value}")
+    print("switch-wide drops:")
+    for name, value in counters["global"].items():
+        print(f"  {name:<20} {value}")
+    return 0
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    cfg = JobConfig.from_file(args.config)
+    if args.target == "bmv2":
+        from .control.bmv2 import reset_job
+
+        gen = reset_job(cfg, args.grpc, device_id=args.device_id)
+    else:
+        from .switch.control import request
+
+        gen = request(_soft_control(cfg), {"op": "reset", "job": cfg.job_id})["generation"]
+    print(f"job {cfg.job_id}: new generation {gen}; start the workers now")
+    return 0
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from .control.bmv2 import deploy
+
+    cfg = JobConfig.from_file(args.config)
+    gen = deploy(cfg, args.grpc, device_id=args.device_id, pipeline=args.pipeline)
+    print(f"job {cfg.job_id} deployed on {args.grpc}: generation {gen}")
+    return 0
+
+
+def _cmd_undeploy(args: argparse.Namespace) -> int:
+    from .control.bmv2 import undeploy
+
+    cfg = JobConfig.from_file(args.config)
+    undeploy(cfg, args.grpc, device_id=args.device_id)
+    print(f"job {cfg.job_id} removed from {args.grpc}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(workers=args.workers, size=args.size, rounds=args.rounds, train=not args.no_train,
+                    k=args.values_per_packet)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, k=args.values_per_packet,
+                     slots=args.slots, gloo=not args.no_gloo)
+
+
+def _target_args(p: argparse.ArgumentParser, default: str = "soft") -> None:
+    p.add_argument("--config", required=True, help="the job's TOML file")
+    p.add_argument("--target", choices=("soft", "bmv2"), default=default,
+                   help="the embedded switch (its control port) or BMv2 over P4Runtime")
+    p.add_argument("--grpc", default="127.0.0.1:9559", help="P4Runtime address of BMv2 (--target bmv2)")
+    p.add_argument("--device-id", type=int, default=0, help="P4Runtime device id (BMv2's default is 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchagg", description="In-network gradient aggregation: a switch sums your gradients.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("switch", help="run the embedded software switch for one or more jobs")
+    p.add_argument("--config", action="append", required=True, help="a job's TOML file (repeatable)")
+    p.add_argument("--address", help="UDP address to listen on (default: the first config's switch.address)")
+    p.add_argument("--control", help="control port (default: the first config's switch.control)")
+    p.add_argument("--slots", type=int, default=1024, help="aggregation slots of this switch")
+    p.set_defaults(fn=_cmd_switch)
+
+    p = sub.add_parser("status", help="show a job's counters: what was aggregated, what was dropped and why")
+    _target_args(p)
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.set_defaults(fn=_cmd_status)
+
+    p = sub.add_parser("reset", help="start a new run of a job (a new generation; old state reads as empty)")
+    _target_args(p)
+    p.set_defaults(fn=_cmd_reset)
+
+    p = sub.add_parser("deploy", help="install a job on BMv2 (admission, multicast group, egress rewrites)")
+    _target_args(p, default="bmv2")
+    p.add_argument("--pipeline", help="push this build directory's P4 program first (from `switchagg-p4c`)")
+    p.set_defaults(fn=_cmd_deploy)
+
+    p = sub.add_parser("undeploy", help="remove a job from BMv2")
+    _target_args(p, default="bmv2")
+    p.set_defaults(fn=_cmd_undeploy)
+
+    p = sub.add_parser("demo", help="the main job: allreduce among worker processes, then a small DDP training")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--size", type=int, default=1_000_000, help="float32 elements per tensor")
+    p.add_argument("--rounds", type=int, default=5, help="allreduce calls")
+    p.add_argument("--values-per-packet", type=int, default=8192, help="K (loopback takes large packets)")
+    p.add_argument("--no-train", action="store_true", help="skip the DDP training part")
+    p.set_defaults(fn=_cmd_demo)
+
+    p = sub.add_parser("bench", help="allreduce throughput and host CPU against gloo, codec and transport speed")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--mib", type=float, default=64, help="tensor size in MiB of float32")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions after a warm-up (median reported)")
+    p.add_argument("--values-per-packet", type=int, default=8192)
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
+    p.set_defaults(fn=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SwitchAggError as exc:
+        print(f"switchagg {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

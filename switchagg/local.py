@@ -1,0 +1,94 @@
+"""Jobs on this machine: a loopback config on free ports and worker processes to run it.
+
+The demo, the benchmark and the tests use these to stand up a whole job with
+nothing but Python.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .config import Endpoint, JobConfig, WorkerSpec
+
+
+def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> list[int]:
+    """``n`` ports the kernel just handed out (and took back) on ``host``."""
+    socks = [socket.socket(socket.AF_INET, kind) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: int = 32,
+                 job_id: int = 1, key: int = 0x5EED5EED) -> JobConfig:
+    """A job whose switch and workers all live on 127.0.0.1."""
+    switch, *workers = free_ports(n_workers + 1)
+    (control,) = free_ports(1, socket.SOCK_STREAM)
+    return JobConfig(
+        switch=Endpoint("127.0.0.1", switch), control=Endpoint("127.0.0.1", control), job_id=job_id,
+        key=key, slot_base=0, slot_count=slot_count, values_per_packet=values_per_packet,
+        workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
+
+
+def run_processes(target: Callable[..., Any], n: int, args: tuple = (), timeout: float = 600.0) -> list[Any]:
+    """Run ``target(rank, queue, *args)`` in ``n`` spawned processes; collect what each puts last.
+
+    A process that dies or overruns ``timeout`` turns into a RuntimeError for the
+    caller, so a broken worker never hangs the command.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, queue, *args), daemon=True) for rank in range(n)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < n:
+            try:
+                rank, kind, value = queue.get(timeout=0.5)
+            except Exception:  # queue.Empty: check on the processes
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker processes {dead or 'all'} stopped without a result"
+                                       f"{'' if dead else f' within {timeout:.0f} s'}") from None
+                continue
+            if kind == "progress":
+                yield_progress(value)
+            elif kind == "error":
+                raise RuntimeError(f"worker {rank} failed: {value}")
+            else:
+                results[rank] = value
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+        if _progress["shown"]:
+            sys.stderr.write("\n")
+            _progress["shown"] = False
+    return [results[r] for r in range(n)]
+
+
+_progress = {"shown": False}
+
+
+def yield_progress(value: tuple[int, int, str]) -> None:
+    """Draw a one-line progress bar on stderr (only on a terminal)."""
+    done, total, label = value
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    fill = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r{label} [{'#' * fill}{' ' * (width - fill)}] {done}/{total}")
+    sys.stderr.flush()
+    _progress["shown"] = True

@@ -1,0 +1,65 @@
+"""Batched UDP: many datagrams per system call on Linux, and kernel refusals counted as loss."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
+
+
+def exchange(batched: bool, count: int = 200):
+    with UdpSocket(("127.0.0.1", 0), batched=batched) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched) as tx:
+        msgs = [((bytes([i % 256]) * 4, np.full(3, i, dtype=">i4")), None) for i in range(count)]
+        assert tx.send(msgs) == 0
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < count and time.monotonic() < deadline:
+            got += [(bytes(v), a) for v, a in rx.recv(0.5)]
+        return tx.stats, rx.stats, got, tx.address
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_datagrams_arrive_whole_in_order_with_sender_address(batched):
+    tx_stats, rx_stats, got, sender = exchange(batched)
+    assert len(got) == 200
+    for i, (data, addr) in enumerate(got):
+        assert data == bytes([i % 256]) * 4 + np.full(3, i, dtype=">i4").tobytes()
+        assert addr == sender
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sendmmsg/recvmmsg are Linux calls")
+def test_linux_uses_batched_system_calls():
+    assert BATCHED_AVAILABLE
+    tx_stats, rx_stats, got, _ = exchange(None)
+    assert tx_stats.sent == 200 and tx_stats.send_calls <= 200 // 64 + 2  # 64 datagrams a call
+    assert rx_stats.received == 200 and rx_stats.recv_calls < 200 // 2
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_strace_sees_sendmmsg_and_recvmmsg():
+    code = ("from tests.test_transport import exchange; exchange(None)")
+    out = subprocess.run(["strace", "-f", "-c", "-e", "trace=sendmmsg,recvmmsg,sendto,sendmsg,recvfrom",
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "sendmmsg" in out.stderr and "recvmmsg" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_refused_sends_are_counted_not_raised(batched):
+    import socket
+
+    closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nobody listens: the kernel answers with ICMP port unreachable
+    with UdpSocket(("127.0.0.1", 0), peer=("127.0.0.1", port), batched=batched) as s:
+        for _ in range(20):
+            s.send([((b"x" * 10,), None)] * 3)
+            assert s.recv(0.01) == []  # ECONNREFUSED may surface on receive instead
+        assert s.stats.refused > 0
