@@ -85,13 +85,29 @@ class Client:
         return self.allreduce_async(x, op=op, out=out).result()
 
     def allreduce_async(self, x: Any, op: str = "sum", out: Any = None) -> Future:
-        """Queue an allreduce; the Future holds the result (or the error)."""
-        flat, restore, kind = _as_flat(x)
+        """Queue an allreduce; the Future holds the result (or the error).
+
+        A float tensor on a GPU stays there (see :mod:`switchagg.torch_support`);
+        everything else takes the numpy path.
+        """
         if op not in ("sum", "mean"):
             raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
+        k, n = self.config.values_per_packet, self.config.n_workers
+        if _on_gpu(x) and x.is_floating_point():
+            from .torch_support import TorchPayloads
+
+            gpu = TorchPayloads(x, k, n)  # raises on NaN/Inf here, in the caller
+
+            def work_gpu() -> Any:
+                if x.numel():
+                    self._reduce(gpu, -(-x.numel() // k))
+                result = gpu.result(x, mean=op == "mean")
+                return result if out is None else out.copy_(result)
+
+            return self.submit(work_gpu)
+        flat, restore, kind = _as_flat(x)
         if op == "mean" and kind != "float":
             raise ValueError("op='mean' needs a floating-point tensor; int32 supports op='sum'")
-        k, n = self.config.values_per_packet, self.config.n_workers
         if kind == "float":
             flat = np.ascontiguousarray(flat, dtype=np.float32)
             result = _result_buffer(out, flat)
@@ -251,6 +267,10 @@ class Client:
                 notes.append(f"chunk {chunk} never reached the switch (slot {slot} copy {copy} "
                              f"holds chunk {state['chunk']})")
         return " The switch says: " + "; ".join(notes) + "."
+
+
+def _on_gpu(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and x.device.type != "cpu"
 
 
 def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:

@@ -1,4 +1,12 @@
-"""Torch tensors in and out of the numpy path (CPU tensors; GPU buffers have their own module)."""
+"""Torch tensors through the switch.
+
+CPU tensors take the numpy path (:func:`tensor_to_flat`). Tensors on a GPU
+stay there: :class:`TorchPayloads` computes block exponents and quantizes with
+torch ops on the device, stages each chunk's int32 values through pinned host
+memory, and dequantizes the sums back on the device, with the same arithmetic
+as :mod:`switchagg.codec` (power-of-two scales, round half to even), so a GPU
+worker and a CPU worker put the very same bits on the wire.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .codec import MAX_EXPONENT, MIN_EXPONENT, scale_shift
+from .errors import QuantizationError
+from .wire import EXP_NONE, VALUE_DTYPE
+
 
 def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
-    """A flat numpy vector of ``t`` and a function that turns a result back into a tensor like it."""
+    """A flat numpy vector of CPU tensor ``t`` and a function that turns a result back into a tensor."""
     from .client import _kind
 
     t = t.detach()
@@ -28,3 +40,69 @@ def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, A
         return out
 
     return flat.contiguous().numpy(), restore, kind
+
+
+def _times_pow2(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x * 2**k`` in float32, in two exact steps when 2**k is not a float32."""
+    if -126 <= k <= 127:
+        return x * (2.0 ** k)
+    half = k // 2
+    return (x * (2.0 ** half)) * (2.0 ** (k - half))
+
+
+class TorchPayloads:
+    """A float tensor on any device, quantized there chunk by chunk (the GPU path)."""
+
+    def __init__(self, tensor: torch.Tensor, k: int, n_workers: int) -> None:
+        self.k, self.n = k, n_workers
+        self.flat = tensor.detach().reshape(-1).float()
+        self.device = self.flat.device
+        self.out = torch.empty_like(self.flat)
+        pinned = self.device.type == "cuda"
+        self._stage = torch.empty(k, dtype=torch.int32, pin_memory=pinned)
+        self._stage_np = self._stage.numpy()
+        self._proposals = self._propose()
+
+    def _propose(self) -> np.ndarray:
+        n_blocks = -(-self.flat.numel() // self.k)
+        padded = torch.zeros(n_blocks * self.k, dtype=torch.float32, device=self.device)
+        padded[: self.flat.numel()] = self.flat
+        maxabs = padded.view(n_blocks, self.k).abs().amax(dim=1)
+        finite = bool(torch.isfinite(maxabs).all())
+        if not finite:
+            bad = int(torch.nonzero(~torch.isfinite(maxabs))[0])
+            raise QuantizationError(
+                f"block {bad} (elements {bad * self.k}..) holds NaN or infinity; fix the computation that "
+                "produced it (e.g. lower the learning rate or enable gradient clipping) before reducing")
+        exps = torch.frexp(maxabs).exponent.to(torch.int32)
+        if int(exps.max()) > MAX_EXPONENT:
+            raise QuantizationError("a value of magnitude >= 2**127 cannot be quantized to int32 blocks; "
+                                    "scale the tensor down before reducing")
+        exps = torch.clamp(exps, min=MIN_EXPONENT)
+        exps[maxabs == 0] = EXP_NONE
+        return exps.to(torch.int8).cpu().numpy()
+
+    def proposals(self) -> np.ndarray:
+        return self._proposals
+
+    def encode(self, chunk: int, exponent: int) -> np.ndarray:
+        block = self.flat[chunk * self.k:(chunk + 1) * self.k]
+        q = torch.round(_times_pow2(block, scale_shift(exponent, self.n))).to(torch.int32)
+        self._stage[: q.numel()].copy_(q)  # device -> pinned host, synchronous
+        wire = np.zeros(self.k, dtype=VALUE_DTYPE)
+        wire[: q.numel()] = self._stage_np[: q.numel()]
+        return wire
+
+    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
+        part = self.out[chunk * self.k:(chunk + 1) * self.k]
+        size = part.numel()
+        self._stage_np[:size] = sums[:size]  # big-endian wire -> native int32, pinned
+        values = self._stage[:size].to(self.device, non_blocking=True).float()
+        part.copy_(_times_pow2(values, -scale_shift(exponent, self.n)))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the staging buffer is reused next
+
+    def result(self, like: torch.Tensor, mean: bool) -> torch.Tensor:
+        """The sums (or means) shaped and typed like the input."""
+        out = self.out / self.n if mean else self.out
+        return out.view(like.shape).to(like.dtype)
