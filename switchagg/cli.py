@@ -114,6 +114,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.ddp:
+        from .ddp_demo import run_ddp_bench
+
+        return run_ddp_bench(workers=args.workers)
     from .bench import run_bench
 
     return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, k=args.values_per_packet,
@@ -173,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--values-per-packet", type=int, default=8192)
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
+    p.add_argument("--ddp", action="store_true",
+                   help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
     p.set_defaults(fn=_cmd_bench)
     return parser
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -69,3 +70,28 @@ def run_ranks(n: int, fn: Callable[[int], object], timeout: float = 60.0) -> lis
         t.join(timeout)
         assert not t.is_alive(), "a rank hung"
     return results
+
+
+def need(kind: str, missing: str | None) -> None:
+    """Skip a test whose prerequisite is ``missing`` -- or fail it where CI found the prerequisites."""
+    if missing is None:
+        return
+    if os.environ.get(f"SWITCHAGG_REQUIRE_{kind.upper()}") == "1":
+        pytest.fail(f"{kind} tests are required here but: {missing}")
+    pytest.skip(missing)
+
+
+_RAN: dict[str, dict[str, int]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for kind in ("bmv2", "netns"):
+        if kind in report.keywords and (report.when == "call" or report.outcome != "passed"):
+            counts = _RAN.setdefault(kind, {})
+            counts[report.outcome] = counts.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for kind, counts in sorted(_RAN.items()):
+        terminalreporter.write_line(
+            f"{kind} tests: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
