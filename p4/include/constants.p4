@@ -1,0 +1,48 @@
+/* switchagg constants shared by every architecture. switchagg/wire.py and
+ * switchagg/switch/counters.py define the same numbers; tests/test_p4_source.py checks they agree. */
+#ifndef SWITCHAGG_CONSTANTS_P4
+#define SWITCHAGG_CONSTANTS_P4
+
+const bit<16> SA_UDP_PORT = 16711;
+const bit<8>  SA_VERSION = 1;
+const bit<8>  SA_TYPE_CONTRIB = 1;
+const bit<8>  SA_TYPE_RESULT = 2;
+const bit<8>  SA_TYPE_PROBE = 3;
+const bit<8>  SA_TYPE_PROBE_REPLY = 4;
+const bit<8>  SA_MAX_WORKERS = 32;
+const bit<16> SA_VALUES = 64;          /* K: int32 values per packet */
+const bit<16> SA_HEADER_BYTES = 24;
+const bit<8>  SA_FLAG_COPY = 0x01;
+
+/* Aggregation pool: NUM_SLOTS slots, two shadow copies each. */
+#define SA_NUM_SLOTS 1024
+#define SA_NUM_COPIES 2048
+#define SA_MAX_JOBS 64
+
+/* Global drops (counter index). */
+const bit<32> SA_DROP_MALFORMED = 0;
+const bit<32> SA_DROP_BAD_VERSION = 1;
+const bit<32> SA_DROP_NOT_ADMITTED = 2;
+#define SA_NUM_GLOBAL_DROPS 3
+
+/* Per-job counters: index = job_index * SA_NUM_JOB_COUNTERS + counter. */
+const bit<32> SA_JOB_CONTRIBUTIONS = 0;
+const bit<32> SA_JOB_RESULTS_MULTICAST = 1;
+const bit<32> SA_JOB_RESULTS_UNICAST = 2;
+const bit<32> SA_JOB_PROBES = 3;
+const bit<32> SA_JOB_WRONG_GENERATION = 4;
+const bit<32> SA_JOB_SLOT_OUT_OF_RANGE = 5;
+const bit<32> SA_JOB_BAD_COUNT = 6;
+const bit<32> SA_JOB_STALE = 7;
+const bit<32> SA_JOB_DUPLICATE_PENDING = 8;
+#define SA_NUM_JOB_COUNTERS 9
+
+/* Tag stage outcome. */
+const bit<2> SA_TAG_NEW = 0;
+const bit<2> SA_TAG_SAME = 1;
+const bit<2> SA_TAG_STALE = 2;
+
+/* Multicast group that floods ordinary broadcast traffic (ARP); job groups are job_index + 1. */
+const bit<16> SA_FLOOD_GROUP = 1000;
+
+#endif
