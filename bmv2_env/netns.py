@@ -1,0 +1,70 @@
+"""Network namespaces and veth pairs through ``ip``, and sockets opened inside a namespace."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def sh(*argv: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command (inside namespace ``ns`` if given); a failure says which command and why."""
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(argv)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def add_namespace(name: str) -> None:
+    sh("ip", "netns", "add", name)
+    sh("ip", "link", "set", "lo", "up", ns=name)
+
+
+def delete_namespace(name: str) -> None:
+    sh("ip", "netns", "delete", name, check=False)
+
+
+def namespaces(prefix: str) -> list[str]:
+    out = sh("ip", "netns", "list", check=False).stdout.split("\n")
+    return [line.split()[0] for line in out if line.startswith(prefix)]
+
+
+def quiet_link(dev: str, ns: str | None = None) -> None:
+    """No IPv6 chatter, no checksum offload (BMv2 would forward partial checksums as they are), up."""
+    sh("sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1", ns=ns)
+    sh("ethtool", "-K", dev, "tx", "off", "rx", "off", ns=ns, check=False)
+    sh("ip", "link", "set", dev, "up", ns=ns)
+
+
+def veth_into(root_dev: str, ns_dev: str, ns: str, mac: str) -> None:
+    """A veth pair: ``root_dev`` stays here (a switch port), ``ns_dev`` moves into ``ns``."""
+    peer = f"{root_dev}x"  # unique here; renamed once inside the namespace
+    sh("ip", "link", "add", root_dev, "type", "veth", "peer", "name", peer)
+    sh("ip", "link", "set", peer, "netns", ns)
+    sh("ip", "link", "set", peer, "name", ns_dev, ns=ns)
+    sh("ip", "link", "set", ns_dev, "address", mac, ns=ns)
+    quiet_link(root_dev)
+    quiet_link(ns_dev, ns)
+
+
+def socket_in(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
+    """A socket that lives in namespace ``ns``: setns for this thread, create, switch back."""
+    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    there = os.open(Path("/var/run/netns") / ns, os.O_RDONLY)
+    try:
+        if _libc.setns(there, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {ns} failed")
+        try:
+            return socket.socket(family, kind, proto)
+        finally:
+            if _libc.setns(here, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
+    finally:
+        os.close(here)
+        os.close(there)

@@ -1,0 +1,167 @@
+"""A BMv2 test bed: one namespace per host, a veth from each to a BMv2 port, the switchagg pipeline.
+
+Hosts are ``<prefix>h<i>`` with interface ``eth0`` (MAC 02:5a:00:00:<b>:<i+1>), on 10.77.<b>.0/24;
+the switch answers at 10.77.<b>.254 (its MAC is static in every host's neighbour table, since the
+P4 program answers no ARP). BMv2 runs here in the root namespace, gRPC on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchagg.config import Endpoint, JobConfig, WorkerSpec
+from switchagg.control.build import Pipeline, build, find_tool
+
+from . import netns
+
+
+def missing_prerequisites() -> str | None:
+    """What keeps a test bed from being built here, in words; None when nothing does."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("root (for namespaces and veths)")
+    for tool in ("ip", "ethtool"):
+        if shutil.which(tool) is None:
+            problems.append(f"`{tool}`")
+    for tool in ("p4c-bm2-ss", "simple_switch_grpc"):
+        if find_tool(tool) is None:
+            problems.append(f"`{tool}` (see the README: install p4c and BMv2)")
+    try:
+        import p4runtime_sh  # noqa: F401
+    except ImportError:
+        problems.append("p4runtime-shell (pip install 'switchagg[p4]')")
+    return ("needs " + ", ".join(problems)) if problems else None
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TestBed:
+    """``n_hosts`` hosts around one BMv2; ``with TestBed(...) as bed:`` builds and removes it."""
+
+    n_hosts: int
+    prefix: str = "sa"
+    subnet: int = 77
+    host_ips: bool = True  # False: bare links, for injecting raw frames (nothing in a host answers)
+    log: Path | None = None
+    pipeline: Pipeline | None = None
+    grpc_port: int = field(default_factory=free_tcp_port)
+    thrift_port: int = field(default_factory=free_tcp_port)
+    _proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_addr(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def switch_ip(self) -> str:
+        return f"10.{self.subnet}.0.254"
+
+    @property
+    def switch_mac(self) -> str:
+        return f"02:5a:00:00:{self.subnet:02x}:fe"
+
+    def host(self, i: int) -> str:
+        return f"{self.prefix}h{i}"
+
+    def host_ip(self, i: int) -> str:
+        return f"10.{self.subnet}.0.{i + 1}"
+
+    def host_mac(self, i: int) -> str:
+        return f"02:5a:00:00:{self.subnet:02x}:{i + 1:02x}"
+
+    def port_dev(self, i: int) -> str:
+        return f"{self.prefix}p{i}"
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def up(self) -> TestBed:
+        problem = missing_prerequisites()
+        if problem:
+            raise RuntimeError(f"cannot build the BMv2 test bed: it {problem}")
+        self.down()  # leftovers of an earlier run with the same prefix
+        self.pipeline = self.pipeline or build()
+        try:
+            for i in range(self.n_hosts):
+                ns = self.host(i)
+                netns.add_namespace(ns)
+                netns.veth_into(self.port_dev(i), "eth0", ns, self.host_mac(i))
+                if self.host_ips:
+                    netns.sh("ip", "addr", "add", f"{self.host_ip(i)}/24", "dev", "eth0", ns=ns)
+                    netns.sh("ip", "neigh", "replace", self.switch_ip, "lladdr", self.switch_mac, "dev", "eth0",
+                             "nud", "permanent", ns=ns)
+            self._start_switch()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _start_switch(self) -> None:
+        argv = [find_tool("simple_switch_grpc"), "--no-p4", "--thrift-port", str(self.thrift_port)]
+        for i in range(self.n_hosts):
+            argv += ["-i", f"{i}@{self.port_dev(i)}"]
+        if self.log:
+            argv += ["--log-file", str(self.log), "--log-flush"]
+        argv += ["--", "--grpc-server-addr", self.grpc_addr]
+        self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"simple_switch_grpc exited: {self._proc.stderr.read().decode()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("simple_switch_grpc did not open its gRPC port within 20 s")
+        from switchagg.control.bmv2 import P4RuntimeSession
+
+        with P4RuntimeSession(self.grpc_addr, 0, self.pipeline):
+            pass  # pushes the pipeline
+
+    def down(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        for ns in netns.namespaces(f"{self.prefix}h"):
+            netns.delete_namespace(ns)
+        for i in range(self.n_hosts):
+            netns.sh("ip", "link", "delete", self.port_dev(i), check=False)
+
+    def __enter__(self) -> TestBed:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ---- jobs ------------------------------------------------------------------------------------
+
+    def job(self, hosts: list[int], *, job_id: int = 1, slot_base: int = 0, slot_count: int = 16,
+            key: int = 0x5EED, port_base: int = 40000, control: Endpoint | None = None) -> JobConfig:
+        """A job whose rank r runs on host ``hosts[r]``, UDP port ``port_base + job_id``."""
+        return JobConfig(
+            switch=Endpoint(self.switch_ip, 16711), control=control, job_id=job_id, key=key,
+            slot_base=slot_base, slot_count=slot_count, values_per_packet=64,
+            workers=tuple(WorkerSpec(Endpoint(self.host_ip(h), port_base + job_id), mac=self.host_mac(h),
+                                     switch_port=h) for h in hosts))
+
+    def exec(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
+        """Start a command in host ``i``."""
+        return subprocess.Popen(["ip", "netns", "exec", self.host(i), *argv], **kw)

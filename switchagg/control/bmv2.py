@@ -1,0 +1,245 @@
+"""Install, reset, remove and watch jobs on BMv2 over P4Runtime (p4runtime-shell).
+
+p4runtime-shell keeps one process-wide client and calls ``sys.exit`` on some
+errors; :class:`P4RuntimeSession` is the boundary: one session at a time, and
+every exit or gRPC failure comes out as a :class:`SwitchAggError` that says what
+to check. The job config is the workers' own file, with two more things per
+worker for the switch: ``mac`` and ``switch_port``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..config import JobConfig
+from ..errors import ConfigError, SwitchAggError
+from ..switch.counters import GlobalDrop, JobCounter
+from ..switch.server import new_generation
+from ..wire import P4_VALUES_PER_PACKET
+from .build import Pipeline
+
+MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
+NUM_SLOTS = 1024  # SA_NUM_SLOTS
+FLOOD_GROUP = 1000  # SA_FLOOD_GROUP
+BROADCAST = "ff:ff:ff:ff:ff:ff"
+ADMISSION = "SaIngress.admission.admission"
+REPLICA = "SaEgress.replica"
+L2 = "SaIngress.forwarding.l2"
+_lock = threading.Lock()
+
+
+class P4RuntimeSession:
+    """The p4runtime-shell client, held for one ``with`` block."""
+
+    def __init__(self, grpc_addr: str, device_id: int = 0, pipeline: Pipeline | None = None) -> None:
+        self.grpc_addr, self.device_id, self.pipeline = grpc_addr, device_id, pipeline
+
+    def __enter__(self) -> Any:
+        try:
+            import p4runtime_sh.shell as sh
+        except ImportError:
+            raise SwitchAggError("p4runtime-shell is not installed: pip install 'switchagg[p4]'") from None
+        _lock.acquire()
+        config = None
+        if self.pipeline is not None:
+            config = sh.FwdPipeConfig(str(self.pipeline.p4info), str(self.pipeline.json))
+        try:
+            with _no_exit(f"connecting to BMv2 at {self.grpc_addr} (device {self.device_id})"):
+                sh.setup(device_id=self.device_id, grpc_addr=self.grpc_addr, election_id=(0, 1), config=config,
+                         verbose=False)
+        except BaseException:
+            _lock.release()
+            raise
+        self.sh = sh
+        return sh
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.sh.teardown()
+        finally:
+            _lock.release()
+
+
+@contextmanager
+def _no_exit(what: str) -> Iterator[None]:
+    try:
+        yield
+    except SystemExit as exc:
+        raise SwitchAggError(f"{what} failed (p4runtime-shell gave up, code {exc.code}): is simple_switch_grpc "
+                             "running there, with the switchagg pipeline pushed?") from None
+    except SwitchAggError:
+        raise
+    except Exception as exc:  # grpc.RpcError and p4runtime-shell's own errors
+        raise SwitchAggError(f"{what} failed: {exc}") from None
+
+
+def _check_config(cfg: JobConfig) -> None:
+    if cfg.values_per_packet != P4_VALUES_PER_PACKET:
+        raise ConfigError(f"job.values_per_packet = {cfg.values_per_packet}: the P4 program sums "
+                          f"{P4_VALUES_PER_PACKET} values per packet, set it to that")
+    if cfg.slot_base + cfg.slot_count > NUM_SLOTS:
+        raise ConfigError(f"job slots end at {cfg.slot_base + cfg.slot_count - 1}; the P4 program has "
+                          f"{NUM_SLOTS} slots")
+    missing = [r for r, w in enumerate(cfg.workers) if w.mac is None or w.switch_port is None]
+    if missing:
+        raise ConfigError(f"workers {missing} need 'mac' and 'switch_port' for the P4 target")
+
+
+def _admission_entries(sh: Any) -> list[Any]:
+    return list(sh.TableEntry(ADMISSION).read())
+
+
+def _param(entry: Any, name: str) -> int:
+    """An action parameter of an entry read back (p4runtime-shell gives the protobuf Param)."""
+    return int.from_bytes(entry.action[name].value, "big")
+
+
+def _match(entry: Any, name: str) -> int:
+    """An exact match field of an entry read back, as an integer."""
+    return int.from_bytes(entry.match[name].exact.value, "big")
+
+
+def _job_entries(sh: Any, job_id: int) -> list[Any]:
+    return [e for e in _admission_entries(sh) if _match(e, "hdr.sa.job") == job_id]
+
+
+def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str | None = None) -> int:
+    """Install a job: admission entries, its multicast group, egress rewrites, L2 entries. Returns its generation."""
+    _check_config(cfg)
+    from .build import build
+
+    pipe = build(pipeline) if pipeline else None
+    with P4RuntimeSession(grpc_addr, device_id, pipe) as sh, _no_exit(f"deploying job {cfg.job_id}"):
+        existing = _admission_entries(sh)
+        used: dict[int, tuple[int, int, int]] = {}
+        for e in existing:
+            job = _match(e, "hdr.sa.job")
+            used[job] = (_param(e, "job_index"), _param(e, "slot_base"), _param(e, "slot_count"))
+        if cfg.job_id in used:
+            raise ConfigError(f"job {cfg.job_id} is already deployed: undeploy it, or reset it for a new run")
+        for job, (_, base, count) in used.items():
+            if cfg.slot_base < base + count and base < cfg.slot_base + cfg.slot_count:
+                raise ConfigError(f"job {cfg.job_id}'s slots {cfg.slot_base}..{cfg.slot_base + cfg.slot_count - 1} "
+                                  f"overlap job {job}'s {base}..{base + count - 1}: give it another slot_base")
+        free = sorted(set(range(MAX_JOBS)) - {i for i, _, _ in used.values()})
+        if not free:
+            raise ConfigError(f"the switch already runs {MAX_JOBS} jobs: undeploy one first")
+        index = free[0]
+        generation = cfg.generation or new_generation()
+        _install_l2(sh, cfg)
+        group = sh.MulticastGroupEntry(index + 1)
+        for rank, w in enumerate(cfg.workers):
+            group.add(w.switch_port, rank)
+        group.insert()
+        for rank, w in enumerate(cfg.workers):
+            rw = sh.TableEntry(REPLICA)(action="SaEgress.to_worker")
+            rw.match["hdr.sa.job"] = str(cfg.job_id)
+            rw.match["std.egress_rid"] = str(rank)
+            rw.action["mac"], rw.action["ip"], rw.action["port"] = w.mac, w.address.host, str(w.address.port)
+            rw.insert()
+        for rank in range(cfg.n_workers):
+            _admission_entry(sh, cfg, rank, index, generation).insert()
+    return generation
+
+
+def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation: int) -> Any:
+    w = cfg.workers[rank]
+    e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
+    e.match["hdr.sa.job"] = str(cfg.job_id)
+    e.match["hdr.sa.worker"] = str(rank)
+    e.match["hdr.ipv4.src_addr"] = w.address.host
+    e.match["hdr.udp.src_port"] = str(w.address.port)
+    e.match["hdr.sa.key"] = str(cfg.key)
+    e.action["job_index"] = str(index)
+    e.action["n_workers"] = str(cfg.n_workers)
+    e.action["slot_base"] = str(cfg.slot_base)
+    e.action["slot_count"] = str(cfg.slot_count)
+    e.action["mcast_grp"] = str(index + 1)
+    e.action["generation"] = str(generation)
+    return e
+
+
+def _install_l2(sh: Any, cfg: JobConfig) -> None:
+    """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
+    entries = list(sh.TableEntry(L2).read())
+    ports = {_param(e, "port") for e in entries if e.action.action_name.endswith("to_port")}
+    present = {_match(e, "hdr.ethernet.dst_addr") for e in entries}
+    first = not entries
+    for w in cfg.workers:
+        if _mac_int(w.mac) in present:
+            continue
+        e = sh.TableEntry(L2)(action="SaIngress.forwarding.to_port")
+        e.match["hdr.ethernet.dst_addr"] = w.mac
+        e.action["port"] = str(w.switch_port)
+        e.insert()
+        present.add(_mac_int(w.mac))
+        ports.add(w.switch_port)
+    if _mac_int(BROADCAST) not in present:
+        e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood")
+        e.match["hdr.ethernet.dst_addr"] = BROADCAST
+        e.insert()
+    flood = sh.MulticastGroupEntry(FLOOD_GROUP)
+    for port in sorted(ports):
+        flood.add(port, 0)
+    (flood.insert if first else flood.modify)()
+
+
+def _mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
+    """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
+    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"resetting job {cfg.job_id}"):
+        entries = _job_entries(sh, cfg.job_id)
+        if not entries:
+            raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
+        old = _param(entries[0], "generation")
+        generation = new_generation(old)
+        for e in entries:
+            e.action["generation"] = str(generation)
+            e.modify()
+    return generation
+
+
+def undeploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> None:
+    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"removing job {cfg.job_id}"):
+        entries = _job_entries(sh, cfg.job_id)
+        if not entries:
+            raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
+        index = _param(entries[0], "job_index")
+        for e in entries:
+            e.delete()
+        for e in sh.TableEntry(REPLICA).read():
+            if _match(e, "hdr.sa.job") == cfg.job_id:
+                e.delete()
+        sh.MulticastGroupEntry(index + 1).delete()
+
+
+def _counter(sh: Any, name: str, index: int) -> int:
+    entry = sh.CounterEntry(name)
+    entry.index = int(index)
+    return sum(c.data.packet_count for c in entry.read())
+
+
+def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[str, Any]:
+    """The same shape as the embedded switch's status: jobs, and counters by name."""
+    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit("reading counters"):
+        status: dict[str, Any] = {"jobs": {}, "counters": {"global": {}, "jobs": {}}}
+        for d in GlobalDrop:
+            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.global_drops", d)
+        jobs: dict[int, list[Any]] = {}
+        for e in _admission_entries(sh):
+            jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)
+        for job, entries in jobs.items():
+            index = _param(entries[0], "job_index")
+            status["jobs"][str(job)] = {
+                "generation": _param(entries[0], "generation"), "slot_base": _param(entries[0], "slot_base"),
+                "slot_count": _param(entries[0], "slot_count"), "workers": [None] * len(entries)}
+            status["counters"]["jobs"][str(job)] = {
+                c.name.lower(): _counter(sh, "SaIngress.job_counters", index * len(JobCounter) + c)
+                for c in JobCounter}
+        return status
