@@ -49,6 +49,8 @@ def free_tcp_port() -> int:
 class TestBed:
     """``n_hosts`` hosts around one BMv2; ``with TestBed(...) as bed:`` builds and removes it."""
 
+    __test__ = False  # not a pytest test class, whatever its name
+
     n_hosts: int
     prefix: str = "sa"
     subnet: int = 77

@@ -143,9 +143,11 @@ class SwitchModel:
         entry = self.jobs.get(job_id)
         if entry is None:
             raise ConfigError(f"job {job_id} is not installed on this switch")
+        counters = self.job_counters[job_id]  # like the P4 counters, they outlive the reset
         self.remove_job(job_id)
         self.add_job(JobEntry(entry.job_id, generation, entry.key, entry.slot_base,
                               entry.slot_count, entry.values_per_packet, entry.workers))
+        self.job_counters[job_id] = counters
 
     # ---- data plane ----------------------------------------------------------------------------
 

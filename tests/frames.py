@@ -1,0 +1,50 @@
+"""Ethernet/IPv4/UDP frames built and taken apart with struct, for raw-socket tests against BMv2."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import NamedTuple
+
+
+def _checksum(data: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def mac_bytes(mac: str) -> bytes:
+    return bytes.fromhex(mac.replace(":", ""))
+
+
+def build(src_mac: str, dst_mac: str, src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:
+    udp_len = 8 + len(payload)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, 64, 17, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+    udp = struct.pack("!HHHH", src[1], dst[1], udp_len, 0)
+    return mac_bytes(dst_mac) + mac_bytes(src_mac) + b"\x08\x00" + ip + udp + payload
+
+
+class Frame(NamedTuple):
+    dst_mac: bytes
+    src_mac: bytes
+    src: tuple[str, int]
+    dst: tuple[str, int]
+    payload: bytes
+    ip_checksum_ok: bool
+    udp_checksum: int
+
+
+def parse(frame: bytes) -> Frame | None:
+    """A UDP/IPv4 frame's parts, or None for anything else."""
+    if len(frame) < 42 or frame[12:14] != b"\x08\x00" or frame[23] != 17:
+        return None
+    ip = frame[14:34]
+    total = struct.unpack("!H", ip[2:4])[0]
+    sport, dport, length, csum = struct.unpack("!HHHH", frame[34:42])
+    payload = frame[42:14 + total]
+    assert length == 8 + len(payload), "UDP length disagrees with IPv4 total length"
+    return Frame(frame[:6], frame[6:12], (socket.inet_ntoa(ip[12:16]), sport), (socket.inet_ntoa(ip[16:20]), dport),
+                 payload, _checksum(ip) == 0, csum)

@@ -1,0 +1,52 @@
+"""The P4 program's headers and constants agree with switchagg/wire.py and the counter enums."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from switchagg import wire
+from switchagg.control import bmv2
+from switchagg.switch.counters import GlobalDrop, JobCounter
+
+P4 = Path(__file__).resolve().parents[1] / "p4"
+
+
+def header_fields(name: str) -> list[tuple[str, int]]:
+    text = (P4 / "include" / "headers.p4").read_text()
+    body = re.search(r"header\s+" + name + r"\s*\{(.*?)\}", text, re.S).group(1)
+    return [(f, int(b)) for b, f in re.findall(r"bit<(\d+)>\s+(\w+);", body)]
+
+
+def constants() -> dict[str, int]:
+    text = (P4 / "include" / "constants.p4").read_text()
+    consts = {n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+);", text)}
+    consts.update({n: int(v, 0) for n, v in re.findall(r"#define\s+(SA_\w+)\s+(\d+)", text)})
+    return consts
+
+
+def test_switchagg_header_matches_wire_fields():
+    assert header_fields("switchagg_h") == [(f.name, f.bits) for f in wire.FIELDS]
+
+
+def test_values_header_is_k_int32():
+    fields = header_fields("switchagg_values_h")
+    assert [b for _, b in fields] == [32] * wire.P4_VALUES_PER_PACKET
+    assert [f for f, _ in fields] == [f"v{i:02d}" for i in range(wire.P4_VALUES_PER_PACKET)]
+
+
+def test_constants_match():
+    c = constants()
+    assert c["SA_UDP_PORT"] == wire.UDP_PORT and c["SA_VERSION"] == wire.VERSION
+    assert c["SA_MAX_WORKERS"] == wire.MAX_WORKERS and c["SA_VALUES"] == wire.P4_VALUES_PER_PACKET
+    assert c["SA_HEADER_BYTES"] == wire.HEADER_SIZE and c["SA_FLAG_COPY"] == wire.FLAG_COPY
+    for t in wire.PacketType:
+        assert c[f"SA_TYPE_{t.name}"] == t.value
+    for d in GlobalDrop:
+        assert c[f"SA_DROP_{d.name}"] == d.value
+    assert c["SA_NUM_GLOBAL_DROPS"] == len(GlobalDrop)
+    for j in JobCounter:
+        assert c[f"SA_JOB_{j.name}"] == j.value
+    assert c["SA_NUM_JOB_COUNTERS"] == len(JobCounter)
+    assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
+    assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
