@@ -68,3 +68,13 @@ def socket_in(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
     finally:
         os.close(here)
         os.close(there)
+
+
+def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
+    """A veth pair with one end in each namespace, both quiet and up."""
+    tmp_a, tmp_b = f"t{os.getpid() % 10000}{dev_a}"[:15], f"u{os.getpid() % 10000}{dev_b}"[:15]
+    sh("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
+    for tmp, ns, dev in ((tmp_a, ns_a, dev_a), (tmp_b, ns_b, dev_b)):
+        sh("ip", "link", "set", tmp, "netns", ns)
+        sh("ip", "link", "set", tmp, "name", dev, ns=ns)
+        quiet_link(dev, ns)
