@@ -1,0 +1,106 @@
+"""switchagg.Client workers in namespaces, allreducing through BMv2 running the P4 program.
+
+Also with nftables loss and duplication on the hosts' links, and a short DDP training whose gloo
+traffic crosses the P4 program's L2 forwarding. Required where CI found root and the toolchain.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmv2_env import netns
+from bmv2_env.testbed import TestBed, missing_prerequisites
+
+from .conftest import need
+from .impair import nft_impair
+from .netns_worker import inputs
+
+pytestmark = pytest.mark.bmv2
+ROOT = Path(__file__).resolve().parents[1]
+N, ROUNDS, SIZE = 3, 2, 3000
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="eth0")
+
+
+@pytest.fixture(scope="module")
+def bed():
+    need("bmv2", missing_prerequisites())
+    with TestBed(N, prefix="sae", subnet=77) as bed:
+        yield bed
+
+
+@pytest.fixture(scope="module")
+def job(bed, tmp_path_factory):
+    from switchagg.control import bmv2
+
+    cfg = bed.job(list(range(N)), job_id=7, slot_count=32)
+    path = cfg.write(tmp_path_factory.mktemp("job") / "job.toml")
+    bmv2.deploy(cfg, bed.grpc_addr)
+    return cfg, path
+
+
+def run_workers(bed, argv_for, timeout=300):
+    procs = [bed.exec(r, [sys.executable, "-m", *argv_for(r)], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+             for r in range(N)]
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-3000:]
+
+
+def allreduce_run(bed, path, out: Path) -> list[dict]:
+    out.mkdir()
+    run_workers(bed, lambda r: ["tests.netns_worker", str(path), str(r), str(out / f"{r}.npz"), str(ROUNDS),
+                                str(SIZE)])
+    return [dict(np.load(out / f"{r}.npz")) for r in range(N)]
+
+
+def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, tmp_path):
+    from switchagg.control import bmv2
+
+    cfg, path = job
+    clean = allreduce_run(bed, path, tmp_path / "clean")
+    for rnd in range(ROUNDS):
+        ints = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(N)], axis=0)
+        floats = np.sum([inputs(w, rnd, SIZE + rnd)[0].astype(np.float64) for w in range(N)], axis=0)
+        for r in range(N):
+            assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
+            assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
+            assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
+    bmv2.reset_job(cfg, bed.grpc_addr)
+    for i in range(N):
+        nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
+    try:
+        lossy = allreduce_run(bed, path, tmp_path / "lossy")
+    finally:
+        for i in range(N):
+            netns.sh("nft", "delete", "table", "ip", "sa", ns=bed.host(i), check=False)
+    assert sum(int(r["timeouts"]) for r in lossy) > 0
+    for r in range(N):
+        for key in clean[r]:
+            if key != "timeouts":
+                assert np.array_equal(clean[r][key], lossy[r][key]), key
+    status = subprocess.run([sys.executable, "-m", "switchagg", "status", "--target", "bmv2", "--config", str(path),
+                             "--grpc", bed.grpc_addr], capture_output=True, text=True, env=ENV, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "job 7: generation" in status.stdout and "results_multicast" in status.stdout
+    assert "duplicate_pending" in status.stdout
+
+
+def test_ddp_training_through_bmv2(bed, job, tmp_path):
+    pytest.importorskip("torch")
+    from switchagg.control import bmv2
+
+    cfg, path = job
+    bmv2.reset_job(cfg, bed.grpc_addr)
+    master = f"{bed.host_ip(0)}:29517"
+    run_workers(bed, lambda r: ["tests.ddp_netns_worker", str(path), str(r), master, str(tmp_path / f"{r}.npz")])
+    runs = [np.load(tmp_path / f"{r}.npz") for r in range(N)]
+    for r in runs[1:]:
+        assert np.array_equal(r["switchagg_params"], runs[0]["switchagg_params"])
+    final, ref = runs[0]["switchagg_losses"][-1], runs[0]["default_losses"][-1]
+    assert abs(final - ref) <= 0.01 * abs(ref)
