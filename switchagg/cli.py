@@ -113,6 +113,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                     k=args.values_per_packet)
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .demo import run_worker
+
+    return run_worker(args.config, args.rank, size=args.size, rounds=args.rounds)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.ddp:
         from .ddp_demo import run_ddp_bench
@@ -155,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("deploy", help="install a job on BMv2 (admission, multicast group, egress rewrites)")
     _target_args(p, default="bmv2")
-    p.add_argument("--pipeline", help="push this build directory's P4 program first (from `switchagg-p4c`)")
+    p.add_argument("--pipeline", help="compile the P4 program into this directory and push it first")
     p.set_defaults(fn=_cmd_deploy)
 
     p = sub.add_parser("undeploy", help="remove a job from BMv2")
@@ -169,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--values-per-packet", type=int, default=8192, help="K (loopback takes large packets)")
     p.add_argument("--no-train", action="store_true", help="skip the DDP training part")
     p.set_defaults(fn=_cmd_demo)
+
+    p = sub.add_parser("worker", help="one worker of a job: allreduce seeded tensors, check every sum")
+    p.add_argument("--config", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--size", type=int, default=100_000, help="float32 elements per tensor")
+    p.add_argument("--rounds", type=int, default=3)
+    p.set_defaults(fn=_cmd_worker)
 
     p = sub.add_parser("bench", help="allreduce throughput and host CPU against gloo, codec and transport speed")
     p.add_argument("--workers", type=int, default=4)

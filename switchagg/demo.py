@@ -88,3 +88,21 @@ def run_demo(*, workers: int = 4, size: int = 1_000_000, rounds: int = 5, train:
             return 0
         return run_training_demo(workers=min(workers, 4))
     return 0
+
+
+def run_worker(config: str, rank: int, *, size: int, rounds: int) -> int:
+    """``switchagg worker``: one worker of a job, checking each sum (every rank rebuilds every input)."""
+    cfg = JobConfig.from_file(config)
+    with Client(cfg, rank) as client:
+        for r in range(rounds):
+            xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
+            t = time.perf_counter()
+            got = client.allreduce(xs[rank])
+            took = time.perf_counter() - t
+            err, ok = check_sum(got, xs, cfg.values_per_packet)
+            print(f"round {r}: {size} float32 in {took * 1e3:.1f} ms ({size * 4 / took / 2**20:.2f} MiB/s), "
+                  f"max error {err:.3g} {'within' if ok else 'OUTSIDE'} the bound; window "
+                  f"{client.window.cwnd:.1f}, timeouts {client.window.losses}", flush=True)
+            if not ok:
+                return 1
+    return 0
