@@ -29,10 +29,11 @@ def test_switchagg_header_matches_wire_fields():
     assert header_fields("switchagg_h") == [(f.name, f.bits) for f in wire.FIELDS]
 
 
-def test_values_header_is_k_int32():
+def test_values_header_is_k_int32_in_lanes():
     fields = header_fields("switchagg_values_h")
-    assert [b for _, b in fields] == [32] * wire.P4_VALUES_PER_PACKET
-    assert [f for f, _ in fields] == [f"v{i:02d}" for i in range(wire.P4_VALUES_PER_PACKET)]
+    assert sum(b for _, b in fields) == 32 * wire.P4_VALUES_PER_PACKET
+    assert all(b % 32 == 0 for _, b in fields)  # whole values per lane: lane order is wire order
+    assert [f for f, _ in fields] == [f"lane{i}" for i in range(len(fields))]
 
 
 def test_constants_match():

@@ -49,72 +49,19 @@ header switchagg_h {
     bit<16> count;
 }
 
-/* K = 64 int32 values (two's complement, summed modulo 2^32). */
+/* K = 64 int32 values (two's complement, summed modulo 2^32), eight to a 256-bit lane: value
+ * 8*i+j is bits [255-32j : 224-32j] of lane i, which is the wire order. BMv2 pays per field and per
+ * primitive, not per bit, so eight lanes cost an eighth of 64 fields; on Tofino each lane is eight
+ * 32-bit registers again. */
 header switchagg_values_h {
-    bit<32> v00;
-    bit<32> v01;
-    bit<32> v02;
-    bit<32> v03;
-    bit<32> v04;
-    bit<32> v05;
-    bit<32> v06;
-    bit<32> v07;
-    bit<32> v08;
-    bit<32> v09;
-    bit<32> v10;
-    bit<32> v11;
-    bit<32> v12;
-    bit<32> v13;
-    bit<32> v14;
-    bit<32> v15;
-    bit<32> v16;
-    bit<32> v17;
-    bit<32> v18;
-    bit<32> v19;
-    bit<32> v20;
-    bit<32> v21;
-    bit<32> v22;
-    bit<32> v23;
-    bit<32> v24;
-    bit<32> v25;
-    bit<32> v26;
-    bit<32> v27;
-    bit<32> v28;
-    bit<32> v29;
-    bit<32> v30;
-    bit<32> v31;
-    bit<32> v32;
-    bit<32> v33;
-    bit<32> v34;
-    bit<32> v35;
-    bit<32> v36;
-    bit<32> v37;
-    bit<32> v38;
-    bit<32> v39;
-    bit<32> v40;
-    bit<32> v41;
-    bit<32> v42;
-    bit<32> v43;
-    bit<32> v44;
-    bit<32> v45;
-    bit<32> v46;
-    bit<32> v47;
-    bit<32> v48;
-    bit<32> v49;
-    bit<32> v50;
-    bit<32> v51;
-    bit<32> v52;
-    bit<32> v53;
-    bit<32> v54;
-    bit<32> v55;
-    bit<32> v56;
-    bit<32> v57;
-    bit<32> v58;
-    bit<32> v59;
-    bit<32> v60;
-    bit<32> v61;
-    bit<32> v62;
-    bit<32> v63;
+    bit<256> lane0;
+    bit<256> lane1;
+    bit<256> lane2;
+    bit<256> lane3;
+    bit<256> lane4;
+    bit<256> lane5;
+    bit<256> lane6;
+    bit<256> lane7;
 }
 
 struct headers_t {
