@@ -142,7 +142,7 @@ def transport_speed(packets: int = 200_000, k: int = 64) -> dict[str, float]:
     return rates
 
 
-def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 8192, slots: int = 64,
+def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 16000, slots: int = 16,
               gloo: bool = True) -> int:
     numel = int(mib * 2**20 / 4)
     nbytes = numel * 4

@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--mib", type=float, default=64, help="tensor size in MiB of float32")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after a warm-up (median reported)")
-    p.add_argument("--values-per-packet", type=int, default=8192)
-    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--values-per-packet", type=int, default=16000, help="K (64 KB datagrams on loopback)")
+    p.add_argument("--slots", type=int, default=16)
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--ddp", action="store_true",
                    help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
