@@ -88,6 +88,14 @@ def _cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build_p4(args: argparse.Namespace) -> int:
+    from .control.build import build
+
+    pipeline = build(args.out)
+    print(f"BMv2 JSON: {pipeline.json}\nP4Info:    {pipeline.p4info}")
+    return 0
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
     from .control.bmv2 import deploy
 
@@ -158,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reset", help="start a new run of a job (a new generation; old state reads as empty)")
     _target_args(p)
     p.set_defaults(fn=_cmd_reset)
+
+    p = sub.add_parser("build-p4", help="compile the P4 program with p4c-bm2-ss (BMv2 JSON and P4Info)")
+    p.add_argument("--out", default="build/p4", help="output directory (build artifacts, not sources)")
+    p.set_defaults(fn=_cmd_build_p4)
 
     p = sub.add_parser("deploy", help="install a job on BMv2 (admission, multicast group, egress rewrites)")
     _target_args(p, default="bmv2")

@@ -106,10 +106,6 @@ class JobConfig:
     def n_workers(self) -> int:
         return len(self.workers)
 
-    @property
-    def slot_range(self) -> range:
-        return range(self.slot_base, self.slot_base + self.slot_count)
-
     def with_generation(self, generation: int | None) -> JobConfig:
         return replace(self, generation=generation)
 

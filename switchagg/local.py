@@ -63,7 +63,7 @@ def run_processes(target: Callable[..., Any], n: int, args: tuple = (), timeout:
                                        f"{'' if dead else f' within {timeout:.0f} s'}") from None
                 continue
             if kind == "progress":
-                yield_progress(value)
+                _show_progress(value)
             elif kind == "error":
                 raise RuntimeError(f"worker {rank} failed: {value}")
             else:
@@ -82,7 +82,7 @@ def run_processes(target: Callable[..., Any], n: int, args: tuple = (), timeout:
 _progress = {"shown": False}
 
 
-def yield_progress(value: tuple[int, int, str]) -> None:
+def _show_progress(value: tuple[int, int, str]) -> None:
     """Draw a one-line progress bar on stderr (only on a terminal)."""
     done, total, label = value
     if not sys.stderr.isatty():

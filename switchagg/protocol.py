@@ -79,7 +79,6 @@ class Window:
         self._cwnd_before_loss = self.cwnd
         self.min_rtt = math.inf
         self.losses = 0
-        self.spurious = 0
 
     @property
     def size(self) -> int:
@@ -109,7 +108,6 @@ class Window:
     def undo(self) -> None:
         self.cwnd = max(self.cwnd, self._cwnd_before_loss)
         self.ssthresh = max(self.ssthresh, self._cwnd_before_loss)
-        self.spurious += 1
 
     def on_timeout(self, now: float) -> None:
         """A packet timed out: halve the window, once per round trip of losses."""
@@ -172,7 +170,6 @@ class Reduction:
         self.last_progress = now
         self.progress_timeout = progress_timeout
         self.started = started
-        self.duplicates = 0
         self.retransmissions = 0
         self._fill(now)
 
@@ -235,8 +232,7 @@ class Reduction:
         if (h.type != PacketType.RESULT or h.job != p.job or h.generation != p.generation
                 or h.key != p.key or h.worker != p.worker or h.count != p.values_per_packet
                 or t not in self._outstanding or h.slot != self._slot[t] or h.copy != self._copy[t]):
-            self.duplicates += 1
-            return False
+            return False  # a duplicate, a stale result, or not ours
         sent, retries, first = self._outstanding.pop(t)
         self._done[t] = True
         self.n_done += 1

@@ -146,9 +146,6 @@ class UdpSocket:
     def address(self) -> Address:
         return self.sock.getsockname()
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
     def path_mtu(self) -> int:
         """The kernel's MTU towards the connected peer (Linux), or 1500 if it cannot tell."""
         try:

@@ -21,7 +21,6 @@ VERSION = 1
 UDP_PORT = 16711  # 0x4147, "AG": the switch's port; workers use any port.
 MAX_WORKERS = 32  # the width of the worker bitmap
 EXP_NONE = -128  # "no exponent": an all-zero block, or no next chunk on the slot
-ETH_IPV4_UDP_OVERHEAD = 14 + 20 + 8
 IP_UDP_OVERHEAD = 20 + 8
 P4_VALUES_PER_PACKET = 64  # what one pass of the P4 program sums
 
