@@ -102,8 +102,12 @@ def _match(entry: Any, name: str) -> int:
     return int.from_bytes(entry.match[name].exact.value, "big")
 
 
-def _job_entries(sh: Any, job_id: int) -> list[Any]:
-    return [e for e in _admission_entries(sh) if _match(e, "hdr.sa.job") == job_id]
+def _deployed_entries(sh: Any, cfg: JobConfig, grpc_addr: str) -> list[Any]:
+    """The job's admission entries; a job that is not there is an error that says so."""
+    entries = [e for e in _admission_entries(sh) if _match(e, "hdr.sa.job") == cfg.job_id]
+    if not entries:
+        raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
+    return entries
 
 
 def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str | None = None) -> int:
@@ -194,9 +198,7 @@ def _mac_int(mac: str) -> int:
 def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
     """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"resetting job {cfg.job_id}"):
-        entries = _job_entries(sh, cfg.job_id)
-        if not entries:
-            raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
+        entries = _deployed_entries(sh, cfg, grpc_addr)
         old = _param(entries[0], "generation")
         generation = new_generation(old)
         for e in entries:
@@ -207,9 +209,7 @@ def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
 
 def undeploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> None:
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"removing job {cfg.job_id}"):
-        entries = _job_entries(sh, cfg.job_id)
-        if not entries:
-            raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
+        entries = _deployed_entries(sh, cfg, grpc_addr)
         index = _param(entries[0], "job_index")
         for e in entries:
             e.delete()
