@@ -81,31 +81,29 @@ def _times_pow2(x: np.ndarray, k: int, out: np.ndarray) -> np.ndarray:
     return np.ldexp(x, np.int32(k), out=out)
 
 
-def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
-    """Quantize float32 ``block`` into big-endian int32 ``out`` (zero-padded to its size)."""
-    k = scale_shift(exponent, n_workers)
-    scaled = np.empty(block.size, dtype=np.float32)
-    _times_pow2(block, k, scaled)
-    np.rint(scaled, out=scaled)
-    out[: block.size] = scaled
-    out[block.size:] = 0
-    return out
+def quantize(block: np.ndarray, exponent: int, n_workers: int, k: int) -> np.ndarray:
+    """Float32 ``block`` as ``k`` big-endian int32 (zero-padded): a new array, the packet payload."""
+    scaled = _times_pow2(block, scale_shift(exponent, n_workers), np.empty(block.size, dtype=np.float32))
+    wire = np.rint(scaled, out=scaled).astype(VALUE_DTYPE)
+    return wire if block.size == k else _padded(wire, k)
 
 
 def dequantize(sums: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
-    """Turn summed int32 values back into float32 ``out`` (its size picks how many)."""
+    """Turn summed int32 values back into float32 ``out`` (its size picks how many), in one pass."""
     k = scale_shift(exponent, n_workers)
+    if -126 <= k <= 127:
+        return np.multiply(sums[: out.size], np.float32(2.0 ** -k), out=out, dtype=np.float32, casting="unsafe")
     out[:] = sums[: out.size]
-    return _times_pow2(out, -k, out)
+    return np.ldexp(out, np.int32(-k), out=out)
 
 
-def encode_int32(block: np.ndarray, out: np.ndarray) -> np.ndarray:
+def encode_int32(block: np.ndarray, k: int) -> np.ndarray:
     """int32 tensors travel as they are: the switch sums them modulo 2**32."""
-    out[: block.size] = block
-    out[block.size:] = 0
+    wire = block.astype(VALUE_DTYPE)
+    return wire if block.size == k else _padded(wire, k)
+
+
+def _padded(wire: np.ndarray, k: int) -> np.ndarray:
+    out = np.zeros(k, dtype=VALUE_DTYPE)
+    out[: wire.size] = wire
     return out
-
-
-def wire_buffer(k: int) -> np.ndarray:
-    """A zeroed buffer of ``k`` big-endian int32 values, the packet payload."""
-    return np.zeros(k, dtype=VALUE_DTYPE)

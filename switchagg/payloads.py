@@ -23,7 +23,7 @@ class FloatPayloads:
 
     def encode(self, chunk: int, exponent: int) -> np.ndarray:
         block = self.flat[chunk * self.k:(chunk + 1) * self.k]
-        return codec.quantize(block, exponent, self.n, codec.wire_buffer(self.k))
+        return codec.quantize(block, exponent, self.n, self.k)
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         codec.dequantize(sums, exponent, self.n, self.out[chunk * self.k:(chunk + 1) * self.k])
@@ -39,7 +39,7 @@ class Int32Payloads:
         return None
 
     def encode(self, chunk: int, exponent: int) -> np.ndarray:
-        return codec.encode_int32(self.flat[chunk * self.k:(chunk + 1) * self.k], codec.wire_buffer(self.k))
+        return codec.encode_int32(self.flat[chunk * self.k:(chunk + 1) * self.k], self.k)
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]

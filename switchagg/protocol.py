@@ -98,12 +98,12 @@ class Window:
         self.cwnd = min(float(self.max_size), self.cwnd + growth)
 
     def is_spurious(self, since_last_send: float) -> bool:
-        """A result this soon after a retransmission answers the original: the timeout was early.
+        """A result sooner after a retransmission than any round trip answers the original: the timeout was early.
 
         No real loss then, only a peer that was slow (on a busy host, one descheduled
         for a few milliseconds): :meth:`undo` takes the window reduction back.
         """
-        return since_last_send < self.min_rtt / 2
+        return since_last_send < self.min_rtt
 
     def undo(self) -> None:
         self.cwnd = max(self.cwnd, self._cwnd_before_loss)

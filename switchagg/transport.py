@@ -125,19 +125,20 @@ class UdpSocket:
         self._names: dict[Address, ctypes.Array] = {}
         if self.batched:
             self._sbuf = np.empty((batch, max_datagram), dtype=np.uint8)
-            self._svec, self._siov = self._vectors(self._sbuf, named=peer is None)
+            self._svec, self._siov = self._vectors(self._sbuf, named=peer is None, parts=2)
             self._rvec, self._riov = self._vectors(self._rbuf, named=True)
             self._rnames = ctypes.create_string_buffer(16 * batch)
             for i in range(batch):
                 self._rvec[i].hdr.name = ctypes.addressof(self._rnames) + 16 * i
 
-    def _vectors(self, rows: np.ndarray, named: bool) -> tuple[ctypes.Array, ctypes.Array]:
-        """mmsghdr and iovec arrays whose i-th entry points at row i of ``rows``."""
+    def _vectors(self, rows: np.ndarray, named: bool, parts: int = 1) -> tuple[ctypes.Array, ctypes.Array]:
+        """mmsghdr and iovec arrays: message i has ``parts`` iovecs, the first pointing at row i of ``rows``."""
         vec = (_MMsgHdr * len(rows))()
-        iovs = (_IoVec * len(rows))()
+        iovs = (_IoVec * (parts * len(rows)))()
         for i in range(len(rows)):
-            iovs[i].base, iovs[i].len = rows.ctypes.data + i * rows.shape[1], rows.shape[1]
-            vec[i].hdr.iov = ctypes.pointer(iovs[i])
+            first = iovs[parts * i]
+            first.base, first.len = rows.ctypes.data + i * rows.shape[1], rows.shape[1]
+            vec[i].hdr.iov = ctypes.pointer(first)
             vec[i].hdr.iovlen = 1
             vec[i].hdr.namelen = 16 if named else 0
         return vec, iovs
@@ -194,21 +195,29 @@ class UdpSocket:
     def _send_mmsg(self, messages: Sequence[Message]) -> int:
         if len(messages) == 1:  # one datagram: a plain sendmsg is the cheaper call
             return self._send_plain(messages)
-        # Gather each datagram into its fixed row of the send buffer: the iovecs never change,
-        # so a message costs one memcpy and one or two ctypes stores.
+        # The first part (the header) is copied into the message's fixed row; a second part (the
+        # values) is sent from where it lies, so a multicast of one result copies nothing here.
         vec, rows, iovs = self._svec, self._sbuf, self._siov
+        keep = []
         for i, (parts, addr) in enumerate(messages):
-            size = 0
-            for part in parts:
-                raw = part.view(np.uint8) if isinstance(part, np.ndarray) else np.frombuffer(part, np.uint8)
-                rows[i, size:size + raw.size] = raw
-                size += raw.size
-            iovs[i].len = size
+            head = parts[0]
+            raw = head.view(np.uint8) if isinstance(head, np.ndarray) else np.frombuffer(head, np.uint8)
+            rows[i, :raw.size] = raw
+            iovs[2 * i].len = raw.size
+            hdr = vec[i].hdr
+            if len(parts) == 2:
+                iovs[2 * i + 1].base, iovs[2 * i + 1].len = _pointer(parts[1])
+                keep.append(parts[1])
+                hdr.iovlen = 2
+            elif len(parts) == 1:
+                hdr.iovlen = 1
+            else:
+                raise ValueError("a message has one or two parts (header, values)")
             if addr is not None:
                 name = self._names.get(addr)
                 if name is None:
                     name = self._names[addr] = ctypes.create_string_buffer(_sockaddr(addr), 16)
-                vec[i].hdr.name = ctypes.addressof(name)
+                hdr.name = ctypes.addressof(name)
         n = len(messages)
         done = refused = 0
         fd = self.sock.fileno()
@@ -225,6 +234,7 @@ class UdpSocket:
                 continue
             self.stats.sent += sent
             done += sent
+        del keep  # the values buffers had to live until the kernel copied them
         return refused
 
     # ---- receiving -------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def roundtrip(xs: list[np.ndarray], k: int = K):
     bound = np.empty(xs[0].size)
     for b, e in enumerate(exps):
         sl = slice(b * k, (b + 1) * k)
-        q = [codec.quantize(x[sl], int(e), n, codec.wire_buffer(k)).astype(np.int64) for x in xs]
+        q = [codec.quantize(x[sl], int(e), n, k).astype(np.int64) for x in xs]
         total = np.sum(q, axis=0)
         assert np.all(np.abs(total) <= 2**31 - 1), "the int32 sum must never overflow"
         codec.dequantize(total.astype(">i4"), int(e), n, out[sl])
@@ -79,10 +79,10 @@ def test_nan_and_inf_are_clear_errors(bad):
 
 def test_zero_blocks_quantize_to_zero():
     z = np.zeros(K, np.float32)
-    assert not codec.quantize(z, EXP_NONE, 4, codec.wire_buffer(K)).any()
+    assert not codec.quantize(z, EXP_NONE, 4, K).any()
 
 
 def test_tail_block_is_zero_padded():
     x = np.arange(1, 6, dtype=np.float32)
-    q = codec.quantize(x, 3, 2, codec.wire_buffer(8))
+    q = codec.quantize(x, 3, 2, 8)
     assert q[5:].tolist() == [0, 0, 0] and q[0] != 0
