@@ -54,7 +54,7 @@ def frames_for(bed: TestBed, cfg, generation: int):
         chunk += 1
 
 
-def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: int = 400) -> tuple[float, float]:
+def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: int = 200) -> tuple[float, float]:
     """(offered, processed) packets per second, in bursts that BMv2's input queue can hold.
 
     A burst goes out as fast as the generator can (the offered rate); BMv2's rate is what came out

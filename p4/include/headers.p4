@@ -49,19 +49,12 @@ header switchagg_h {
     bit<16> count;
 }
 
-/* K = 64 int32 values (two's complement, summed modulo 2^32), eight to a 256-bit lane: value
- * 8*i+j is bits [255-32j : 224-32j] of lane i, which is the wire order. BMv2 pays per field and per
- * primitive, not per bit, so eight lanes cost an eighth of 64 fields; on Tofino each lane is eight
- * 32-bit registers again. */
+/* K = 64 int32 values (two's complement, summed modulo 2^32) as one 2048-bit field: value j is
+ * bits [2047-32j : 2016-32j], which is the wire order. BMv2 pays per field and per primitive, not
+ * per bit, so one wide field costs a sixty-fourth of 64 narrow ones; on Tofino it is 64 32-bit
+ * registers again, one stateful ALU each. */
 header switchagg_values_h {
-    bit<256> lane0;
-    bit<256> lane1;
-    bit<256> lane2;
-    bit<256> lane3;
-    bit<256> lane4;
-    bit<256> lane5;
-    bit<256> lane6;
-    bit<256> lane7;
+    bit<2048> values;
 }
 
 struct headers_t {

@@ -4,33 +4,15 @@
  * stateful ALU can do, so the TNA port is a translation. Registers are indexed by
  * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed. */
 
-/* Bit 31 of each of the eight 32-bit values in a 256-bit lane. */
-#define SA_LANE_TOPS 256w0x8000000080000000800000008000000080000000800000008000000080000000
-
-/* One lane register (eight values): write on a new chunk, add for a new worker, read for a repeat.
- * The add is eight independent 32-bit adds (modulo 2^32, no carry between values): add the low
- * 31 bits of each value, then put each value's bit 31 back as the xor of the two inputs' bit 31
- * and the carry into it. */
-#define SA_LANE(i) \
-    value_##i.read(v, meta.idx); \
-    sum = ((v & ~SA_LANE_TOPS) + (hdr.vals.lane##i & ~SA_LANE_TOPS)) ^ ((v ^ hdr.vals.lane##i) & SA_LANE_TOPS); \
-    v = meta.tag == SA_TAG_NEW ? hdr.vals.lane##i : (meta.seen == 1 ? v : sum); \
-    value_##i.write(meta.idx, v); \
-    hdr.vals.lane##i = v;
+/* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
+#define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
 
 control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
     register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
     register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
     register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
     register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
-    register<bit<256>>(SA_NUM_COPIES) value_0;
-    register<bit<256>>(SA_NUM_COPIES) value_1;
-    register<bit<256>>(SA_NUM_COPIES) value_2;
-    register<bit<256>>(SA_NUM_COPIES) value_3;
-    register<bit<256>>(SA_NUM_COPIES) value_4;
-    register<bit<256>>(SA_NUM_COPIES) value_5;
-    register<bit<256>>(SA_NUM_COPIES) value_6;
-    register<bit<256>>(SA_NUM_COPIES) value_7;
+    register<bit<2048>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
     /* Stage 1: is the chunk new to the copy (older chunk, other generation, or empty), the one it
      * holds, or older (serial-number order on 32-bit ids: newer within half the space)? */
@@ -74,18 +56,18 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
         meta.exponent = e;
     }
 
-    /* Stage 5: the value registers, each written, added to or read; the packet carries the result. */
+    /* Stage 5: the K sums, written, added to or read; the packet carries the result onward. The
+     * add is 64 independent 32-bit adds (modulo 2^32, no carry between values): add the low 31 bits
+     * of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and the
+     * carry into it. */
     action values_stage() {
-        bit<256> v;
-        bit<256> sum;
-        SA_LANE(0)
-        SA_LANE(1)
-        SA_LANE(2)
-        SA_LANE(3)
-        SA_LANE(4)
-        SA_LANE(5)
-        SA_LANE(6)
-        SA_LANE(7)
+        bit<2048> v;
+        values.read(v, meta.idx);
+        bit<2048> p = hdr.vals.values;
+        bit<2048> sum = ((v & ~SA_VALUE_TOPS) + (p & ~SA_VALUE_TOPS)) ^ ((v ^ p) & SA_VALUE_TOPS);
+        v = meta.tag == SA_TAG_NEW ? p : (meta.seen == 1 ? v : sum);
+        values.write(meta.idx, v);
+        hdr.vals.values = v;
     }
 
     apply {
