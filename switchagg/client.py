@@ -167,9 +167,8 @@ class Client:
                 continue
             try:
                 future.set_result(fn())
-            except BaseException as exc:
-                if isinstance(exc, (StallError, JobNotStarted, ClosedError)):
-                    self._failed = exc
+            except BaseException as exc:  # whatever broke a call leaves this worker out of step
+                self._failed = exc
                 future.set_exception(exc)
         while not self._queue.empty():
             item = self._queue.get_nowait()

@@ -95,3 +95,36 @@ def test_unreachable_switch_fails_state_creation_on_every_rank():
         assert kind == "error" and "cannot start this job, so no rank uses it" in value
     for p in procs:
         p.join(30)
+
+
+class _Bucket:
+    """What the hook reads of a dist.GradBucket."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def buffer(self):
+        return self._tensor
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_hook_returns_the_mean_in_the_bucket_dtype(make_job, dtype):
+    from switchagg import Client
+    from switchagg.ddp import SwitchAggState, allreduce_hook
+
+    from .conftest import run_ranks
+
+    cfg = make_job(2, k=128, slot_count=4)
+    grads = [torch.randn(1000, generator=torch.Generator().manual_seed(r)).to(getattr(torch, dtype)) for r in range(2)]
+
+    def rank(r):
+        with Client(cfg, r) as client:
+            return allreduce_hook(SwitchAggState(client, 2), _Bucket(grads[r])).wait()
+
+    out = run_ranks(2, rank)
+    exact = (grads[0].float() + grads[1].float()) / 2
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    for o in out:
+        assert not isinstance(o, BaseException), o
+        assert o.dtype == getattr(torch, dtype) and o.shape == (1000,)
+        assert torch.allclose(o.float(), exact, rtol=tol, atol=tol)
