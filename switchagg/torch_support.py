@@ -65,6 +65,8 @@ class TorchPayloads:
 
     def _propose(self) -> np.ndarray:
         n_blocks = -(-self.flat.numel() // self.k)
+        if n_blocks == 0:
+            return np.zeros(0, dtype=np.int8)
         padded = torch.zeros(n_blocks * self.k, dtype=torch.float32, device=self.device)
         padded[: self.flat.numel()] = self.flat
         maxabs = padded.view(n_blocks, self.k).abs().amax(dim=1)

@@ -43,6 +43,11 @@ def test_torch_and_numpy_codecs_agree_bit_for_bit(device, dtype):
     assert mean.dtype == x.dtype and mean.device.type == device
 
 
+def test_empty_tensor_has_no_blocks():
+    p = TorchPayloads(torch.zeros(0), 64, 2)
+    assert p.proposals().size == 0 and p.result(torch.zeros(0), mean=True).shape == (0,)
+
+
 def test_nan_on_the_torch_path_is_a_clear_error():
     from switchagg.errors import QuantizationError
 
