@@ -100,14 +100,16 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--bmv2", help="the simple_switch_grpc binary to measure (default: the one on PATH)")
     args = parser.parse_args()
     problem = missing_prerequisites()
     if problem:
         print(f"cannot run: it {problem}", file=sys.stderr)
         return 2
-    version = subprocess.run([find_tool("simple_switch_grpc"), "--version"], capture_output=True, text=True)
-    print(f"BMv2 {version.stdout.strip() or version.stderr.strip()}; generator: one raw socket in host 0")
-    with TestBed(3, prefix="sab", subnet=76, host_ips=False) as bed:
+    binary = args.bmv2 or find_tool("simple_switch_grpc")
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    print(f"BMv2 {binary} {version.stdout.strip() or version.stderr.strip()}; generator: one raw socket in host 0")
+    with TestBed(3, prefix="sab", subnet=76, host_ips=False, switch_binary=binary) as bed:
         cfg = bed.job([1, 2], job_id=9, slot_count=SLOTS)
         generation = bmv2.deploy(cfg, bed.grpc_addr)
         offered_sa, agg = measure(bed, frames_for(bed, cfg, generation), [1, 2], args.seconds)
@@ -117,7 +119,7 @@ def main() -> int:
     fwd_pipe = Pipeline(out / "forward.json", out / "forward.p4info.txtpb")
     subprocess.run([find_tool("p4c-bm2-ss"), "--p4runtime-files", str(fwd_pipe.p4info), "-o", str(fwd_pipe.json),
                     str(ROOT / "bench" / "forward.p4")], check=True)
-    with TestBed(3, prefix="sab", subnet=76, host_ips=False, pipeline=fwd_pipe) as bed:
+    with TestBed(3, prefix="sab", subnet=76, host_ips=False, pipeline=fwd_pipe, switch_binary=binary) as bed:
         cfg = bed.job([1, 2], job_id=9, slot_count=SLOTS)
         offered_fwd, fwd = measure(bed, frames_for(bed, cfg, 1), [1], args.seconds)
     assert build().json.exists()

@@ -57,6 +57,7 @@ class TestBed:
     host_ips: bool = True  # False: bare links, for injecting raw frames (nothing in a host answers)
     log: Path | None = None
     pipeline: Pipeline | None = None
+    switch_binary: str | None = None  # another simple_switch_grpc build (default: the one on PATH)
     grpc_port: int = field(default_factory=free_tcp_port)
     thrift_port: int = field(default_factory=free_tcp_port)
     _proc: subprocess.Popen | None = None
@@ -109,7 +110,8 @@ class TestBed:
         return self
 
     def _start_switch(self) -> None:
-        argv = [find_tool("simple_switch_grpc"), "--no-p4", "--thrift-port", str(self.thrift_port)]
+        binary = self.switch_binary or find_tool("simple_switch_grpc")
+        argv = [binary, "--no-p4", "--thrift-port", str(self.thrift_port)]
         for i in range(self.n_hosts):
             argv += ["-i", f"{i}@{self.port_dev(i)}"]
         if self.log:
