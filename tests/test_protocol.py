@@ -143,3 +143,15 @@ def test_window_paces_a_slow_switch():
     for w in net.workers.values():
         assert w.red.retransmissions <= 4
         assert w.sent <= w.red.total + 4
+
+
+def test_spurious_timeout_is_undone():
+    win = Window(max_size=32, initial=16)
+    win.on_result(0.010)  # min_rtt 10 ms
+    before = win.cwnd
+    win.on_timeout(now=1.0)
+    assert win.cwnd == before / 2
+    assert not win.is_spurious(0.012)  # as late as a round trip: the retransmission may have done it
+    assert win.is_spurious(0.002)  # sooner than any round trip: the original's result
+    win.undo()
+    assert win.cwnd == before
