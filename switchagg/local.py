@@ -7,6 +7,7 @@ nothing but Python.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue as queues
 import socket
 import sys
 import time
@@ -56,7 +57,7 @@ def run_processes(target: Callable[..., Any], n: int, args: tuple = (), timeout:
         while len(results) < n:
             try:
                 rank, kind, value = queue.get(timeout=0.5)
-            except Exception:  # queue.Empty: check on the processes
+            except queues.Empty:  # nothing yet: check on the processes
                 dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(f"worker processes {dead or 'all'} stopped without a result"
