@@ -30,7 +30,6 @@ from switchagg.control import bmv2  # noqa: E402
 from switchagg.control.build import Pipeline, build, find_tool  # noqa: E402
 from switchagg.wire import PacketType, make_header  # noqa: E402
 
-ETH_P_ALL, PACKET_OUTGOING = 0x0003, 4
 K, SLOTS = 64, 32
 
 
@@ -62,14 +61,9 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
     pairs whole: an overloaded input queue drops at random and would break pairs, leaving nothing
     to aggregate.
     """
-    tx = netns.socket_in(bed.host(0), socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-    tx.bind(("eth0", 0))
-    rx = []
-    for h in receivers:
-        s = netns.socket_in(bed.host(h), socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        s.bind(("eth0", 0))
-        s.setblocking(False)
-        rx.append(s)
+    tx = netns.packet_socket(bed.host(0))
+    tx.setblocking(True)
+    rx = [netns.packet_socket(bed.host(h)) for h in receivers]
     offered, busy, done = [], 0.0, 0
     start = time.monotonic()
     while time.monotonic() - start < seconds:
@@ -87,7 +81,7 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
                         _, addr = s.recvfrom(2048)
                     except BlockingIOError:
                         break
-                    if addr[2] != PACKET_OUTGOING:
+                    if addr[2] != netns.PACKET_OUTGOING:
                         got += 1
                         last = time.monotonic()
         busy += last - t0

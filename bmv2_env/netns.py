@@ -78,3 +78,15 @@ def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
         sh("ip", "link", "set", tmp, "netns", ns)
         sh("ip", "link", "set", tmp, "name", dev, ns=ns)
         quiet_link(dev, ns)
+
+
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4  # sll_pkttype of a frame this socket's host sent (a packet socket sees those too)
+
+
+def packet_socket(ns: str, dev: str = "eth0") -> socket.socket:
+    """A raw packet socket on ``dev`` in namespace ``ns``: every frame in and out, non-blocking."""
+    s = socket_in(ns, socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((dev, 0))
+    s.setblocking(False)
+    return s

@@ -11,9 +11,6 @@ import time
 
 from bmv2_env import netns
 
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
-
 
 def nft_impair(ns: str, *, loss: int = 0, dup: int = 0, dup_to: str | None = None, dev: str = "eth0",
                port: int = 16711) -> None:
@@ -43,10 +40,9 @@ class ReorderRelay:
         self.jitter = jitter
         self.peer: dict[socket.socket, socket.socket] = {}
         for a, b in pairs:
-            sa, sb = (netns.socket_in(ns, socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-                      for _ in range(2))
-            sa.bind((a, 0))
-            sb.bind((b, 0))
+            sa, sb = netns.packet_socket(ns, a), netns.packet_socket(ns, b)
+            sa.setblocking(True)  # select says when to read; a send may wait for the link
+            sb.setblocking(True)
             self.peer[sa], self.peer[sb] = sb, sa
         self.forwarded = 0
         self.reordered = 0
@@ -65,7 +61,7 @@ class ReorderRelay:
             now = time.monotonic()
             for s in ready:
                 data, addr = s.recvfrom(65535)
-                if addr[2] == PACKET_OUTGOING:
+                if addr[2] == netns.PACKET_OUTGOING:
                     continue
                 heapq.heappush(queue, (now + self.rng.random() * self.jitter, seq, self.peer[s], data))
                 seq += 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import select
-import socket
 import time
 
 import numpy as np
@@ -24,8 +23,6 @@ from . import frames
 from .conftest import need
 
 pytestmark = pytest.mark.bmv2
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
 K = 64
 FOREIGN = 9  # the host that no job admits
 
@@ -39,12 +36,7 @@ class Differential:
         self.bed, self.bmv2 = bed, bmv2
         self.model = SwitchModel(num_slots=bmv2.NUM_SLOTS)
         self.jobs = {}
-        self.socks = []
-        for i in range(bed.n_hosts):
-            s = netns.socket_in(bed.host(i), socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind(("eth0", 0))
-            s.setblocking(False)
-            self.socks.append(s)
+        self.socks = [netns.packet_socket(bed.host(i)) for i in range(bed.n_hosts)]
         self.by_ip = {bed.host_ip(i): i for i in range(bed.n_hosts)}
 
     def deploy(self, cfg) -> None:
@@ -69,7 +61,7 @@ class Differential:
                     data, addr = s.recvfrom(65535)
                 except BlockingIOError:
                     break
-                if addr[2] == PACKET_OUTGOING:
+                if addr[2] == netns.PACKET_OUTGOING:
                     continue
                 parsed = frames.parse(data)
                 if parsed is not None:
