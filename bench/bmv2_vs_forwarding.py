@@ -13,11 +13,14 @@ ratio is printed last.
 from __future__ import annotations
 
 import argparse
+import os
 import select
 import socket
+import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +56,11 @@ def frames_for(bed: TestBed, cfg, generation: int):
         chunk += 1
 
 
-def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: int = 200) -> tuple[float, float]:
-    """(offered, processed) packets per second, in bursts that BMv2's input queue can hold.
+def measure(bed: TestBed, stream, receivers: list[int], seconds: float,
+            burst: int = 200) -> tuple[float, float, int, int]:
+    """(offered, processed) packets per second, frames sent and frames that came out.
+
+    It goes in bursts that BMv2's input queue can hold.
 
     A burst goes out as fast as the generator can (the offered rate); BMv2's rate is what came out
     divided by the time from the burst's first frame to its last output. Bursts keep a job's
@@ -64,7 +70,7 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
     tx = netns.packet_socket(bed.host(0))
     tx.setblocking(True)
     rx = [netns.packet_socket(bed.host(h)) for h in receivers]
-    offered, busy, done = [], 0.0, 0
+    offered, busy, done, sent = [], 0.0, 0, 0
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         frames = [next(stream) for _ in range(burst)]
@@ -72,6 +78,7 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
         for f in frames:
             tx.send(f)
         offered.append(burst / (time.monotonic() - t0))
+        sent += burst
         got, last = 0, time.monotonic()
         while time.monotonic() - last < 0.1:  # until the outputs stop coming
             ready, _, _ = select.select(rx, [], [], 0.02)
@@ -88,7 +95,31 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float, burst: i
         done += got
     for s in (tx, *rx):
         s.close()
-    return min(offered), done / busy
+    return statistics.median(offered), done / busy, sent, done
+
+
+def deepen_queues(bed: TestBed, depth: int = 1024) -> None:
+    """Egress queues of ``depth`` frames (BMv2 drops beyond 64 per port): a burst is measured, not dropped."""
+    subprocess.run([find_tool("simple_switch_CLI"), "--thrift-port", str(bed.thrift_port)],
+                   input=f"set_queue_depth {depth}\n", capture_output=True, text=True, check=True)
+
+
+def allreduce_rate(binary: str, size: int = 1 << 18, rounds: int = 4) -> list[str]:
+    """Two ``switchagg worker`` processes allreducing through BMv2 (adaptive window): their reports."""
+    with TestBed(2, prefix="sab", subnet=76, switch_binary=binary) as bed, \
+            tempfile.TemporaryDirectory() as tmp:
+        cfg = bed.job([0, 1], job_id=9, slot_count=SLOTS)
+        path = cfg.write(Path(tmp) / "job.toml")
+        bmv2.deploy(cfg, bed.grpc_addr)
+        deepen_queues(bed)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        procs = [bed.exec(r, [sys.executable, "-m", "switchagg", "worker", "--config", str(path), "--rank", str(r),
+                              "--size", str(size), "--rounds", str(rounds)], env=env, cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a worker failed:\n" + "\n".join(o[-2000:] for o in outs))
+    return outs[0].strip().splitlines()
 
 
 def main() -> int:
@@ -106,7 +137,8 @@ def main() -> int:
     with TestBed(3, prefix="sab", subnet=76, host_ips=False, switch_binary=binary) as bed:
         cfg = bed.job([1, 2], job_id=9, slot_count=SLOTS)
         generation = bmv2.deploy(cfg, bed.grpc_addr)
-        offered_sa, agg = measure(bed, frames_for(bed, cfg, generation), [1, 2], args.seconds)
+        deepen_queues(bed)
+        offered_sa, agg, sent_sa, out_sa = measure(bed, frames_for(bed, cfg, generation), [1, 2], args.seconds)
         counted = bmv2.read_status(cfg, bed.grpc_addr)["counters"]["jobs"][str(cfg.job_id)]
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
@@ -120,12 +152,19 @@ def main() -> int:
             entry.match["hdr.ethernet.dst"] = bed.switch_mac
             entry.action["port"] = "1"
             entry.insert()
-        offered_fwd, fwd = measure(bed, frames_for(bed, cfg, 1), [1], args.seconds)
+        deepen_queues(bed)
+        offered_fwd, fwd, sent_fwd, out_fwd = measure(bed, frames_for(bed, cfg, 1), [1], args.seconds)
     assert build().json.exists()
-    print(f"switchagg: offered {offered_sa:,.0f} pkt/s, BMv2 aggregated and sent {agg:,.0f} pkt/s "
-          f"(switch counted {counted['contributions']:,} contributions, {counted['results_multicast']:,} sums, "
-          f"{counted['stale'] + counted['duplicate_pending']} dropped early)")
-    print(f"forwarding: offered {offered_fwd:,.0f} pkt/s, BMv2 forwarded {fwd:,.0f} pkt/s")
+    print(f"switchagg: offered {offered_sa:,.0f} pkt/s (median burst), BMv2 aggregated and sent {agg:,.0f} pkt/s; "
+          f"{sent_sa:,} contributions sent, {out_sa:,} sums received; the switch counted "
+          f"{counted['contributions']:,} contributions, {counted['results_multicast']:,} sums, "
+          f"{counted['stale'] + counted['duplicate_pending']} dropped early")
+    print(f"forwarding: offered {offered_fwd:,.0f} pkt/s (median burst), BMv2 forwarded {fwd:,.0f} pkt/s; "
+          f"{sent_fwd:,} frames sent, {out_fwd:,} received")
+    if counted["contributions"] != sent_sa or out_sa != sent_sa or out_fwd != sent_fwd:
+        print("WARNING: frames were lost on the way (not every frame reached the pipeline and came out)")
+    for line in allreduce_rate(binary):
+        print(f"allreduce through BMv2, worker 0 of 2, K={K}, {SLOTS} slots: {line}")
     if min(offered_sa, offered_fwd) <= max(agg, fwd):
         print("WARNING: the generator did not offer more than BMv2 forwarded; the ratio is not trustworthy")
     print(f"ratio_vs_forwarding={agg / fwd:.3f}")
