@@ -153,6 +153,7 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
               gloo: bool = True) -> int:
     numel = int(mib * 2**20 / 4)
     nbytes = numel * 4
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
     print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), warm-up + {reps} reps, "
           f"median; cores here: {os.cpu_count()}")
     cfg = loopback_job(workers, values_per_packet=k, slot_count=slots)

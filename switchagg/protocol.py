@@ -66,7 +66,7 @@ class Window:
     it grows by one per round trip and halves on a timeout, at most once per round trip.
     """
 
-    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.01,
+    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.025,
                  initial_rto: float = 0.1, max_rto: float = 1.0) -> None:
         self.max_size = max_size
         self.cwnd = float(min(initial, max_size))

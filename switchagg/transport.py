@@ -45,6 +45,19 @@ class _MMsgHdr(ctypes.Structure):
     _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
 
 
+# Numpy views of the same memory, so a batch's fields are written and read a column at a time
+# rather than one ctypes attribute at a time (which costs more than the system call per datagram).
+_MMSG_VIEW = np.dtype({
+    "names": ["name", "namelen", "iov", "iovlen", "len"],
+    "formats": [np.uintp, np.uint32, np.uintp, np.uintp, np.uint32],
+    "offsets": [_MsgHdr.name.offset, _MsgHdr.namelen.offset, _MsgHdr.iov.offset, _MsgHdr.iovlen.offset,
+                _MMsgHdr.len.offset],
+    "itemsize": ctypes.sizeof(_MMsgHdr)})
+_IOV_VIEW = np.dtype({"names": ["base", "len"], "formats": [np.uintp, np.uintp],
+                      "offsets": [_IoVec.base.offset, _IoVec.len.offset], "itemsize": ctypes.sizeof(_IoVec)})
+_MAX_NAMES = 4096  # source addresses remembered; a sender forging many just empties the cache
+
+
 def _load_libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -69,10 +82,13 @@ def _address(raw: bytes) -> Address:
     return socket.inet_ntoa(raw[4:8]), struct.unpack(">H", raw[2:4])[0]
 
 
-def _pointer(part: Part) -> tuple[int, int]:
+def _pointer(part: Part) -> int:
+    """Where a part's bytes lie (it must stay alive until the system call returns)."""
     if isinstance(part, np.ndarray):
-        return part.ctypes.data, part.nbytes
-    return ctypes.cast(ctypes.c_char_p(part), ctypes.c_void_p).value or 0, len(part)
+        if part.flags.writeable and part.flags.c_contiguous and part.nbytes:
+            return ctypes.addressof(ctypes.c_char.from_buffer(part))  # a third of part.ctypes.data's cost
+        return part.ctypes.data
+    return ctypes.cast(ctypes.c_char_p(part), ctypes.c_void_p).value or 0
 
 
 @dataclass
@@ -122,14 +138,18 @@ class UdpSocket:
         self._poll.register(self.sock.fileno(), select.POLLIN)
         self._rbuf = np.empty((batch, max_datagram), dtype=np.uint8)
         self._rview = memoryview(self._rbuf).cast("B")
-        self._names: dict[Address, ctypes.Array] = {}
+        self._names: dict[Address, tuple[ctypes.Array, int]] = {}
         if self.batched:
             self._sbuf = np.empty((batch, max_datagram), dtype=np.uint8)
             self._svec, self._siov = self._vectors(self._sbuf, named=peer is None, parts=2)
+            self._smsg = np.frombuffer(self._svec, dtype=_MMSG_VIEW)
+            iov = np.frombuffer(self._siov, dtype=_IOV_VIEW)
+            self._shead_len, self._svals, self._svals_len = iov["len"][0::2], iov["base"][1::2], iov["len"][1::2]
             self._rvec, self._riov = self._vectors(self._rbuf, named=True)
-            self._rnames = ctypes.create_string_buffer(16 * batch)
-            for i in range(batch):
-                self._rvec[i].hdr.name = ctypes.addressof(self._rnames) + 16 * i
+            self._rmsg = np.frombuffer(self._rvec, dtype=_MMSG_VIEW)
+            self._rnames = np.zeros((batch, 16), dtype=np.uint8)
+            self._rmsg["name"] = self._rnames.ctypes.data + 16 * np.arange(batch)
+            self._addresses: dict[bytes, Address] = {}
 
     def _vectors(self, rows: np.ndarray, named: bool, parts: int = 1) -> tuple[ctypes.Array, ctypes.Array]:
         """mmsghdr and iovec arrays: message i has ``parts`` iovecs, the first pointing at row i of ``rows``."""
@@ -197,33 +217,31 @@ class UdpSocket:
             return self._send_plain(messages)
         # The first part (the header) is copied into the message's fixed row; a second part (the
         # values) is sent from where it lies, so a multicast of one result copies nothing here.
-        vec, rows, iovs = self._svec, self._sbuf, self._siov
-        keep = []
-        for i, (parts, addr) in enumerate(messages):
-            head = parts[0]
-            raw = head.view(np.uint8) if isinstance(head, np.ndarray) else np.frombuffer(head, np.uint8)
-            rows[i, :raw.size] = raw
-            iovs[2 * i].len = raw.size
-            hdr = vec[i].hdr
-            if len(parts) == 2:
-                iovs[2 * i + 1].base, iovs[2 * i + 1].len = _pointer(parts[1])
-                keep.append(parts[1])
-                hdr.iovlen = 2
-            elif len(parts) == 1:
-                hdr.iovlen = 1
-            else:
-                raise ValueError("a message has one or two parts (header, values)")
-            if addr is not None:
-                name = self._names.get(addr)
-                if name is None:
-                    name = self._names[addr] = ctypes.create_string_buffer(_sockaddr(addr), 16)
-                hdr.name = ctypes.addressof(name)
         n = len(messages)
+        heads = [parts[0] for parts, _ in messages]
+        size = len(heads[0])
+        if all(len(h) == size for h in heads):  # the usual case: one copy for all headers
+            self._sbuf[:n, :size] = np.frombuffer(b"".join(heads), np.uint8).reshape(n, size)
+            self._shead_len[:n] = size
+        else:
+            for i, head in enumerate(heads):
+                self._sbuf[i, :len(head)] = np.frombuffer(head, np.uint8)
+                self._shead_len[i] = len(head)
+        iovlen = [len(parts) for parts, _ in messages]
+        if not set(iovlen) <= {1, 2}:
+            raise ValueError("a message has one or two parts (header, values)")
+        self._smsg["iovlen"][:n] = iovlen
+        keep = [parts[1] if len(parts) == 2 else b"" for parts, _ in messages]
+        pointers: dict[int, int] = {}  # a result multicast to n workers is one array n times
+        self._svals[:n] = [pointers.get(id(v)) or pointers.setdefault(id(v), _pointer(v)) for v in keep]
+        self._svals_len[:n] = [len(v) if isinstance(v, bytes) else v.nbytes for v in keep]
+        if self.peer is None:
+            self._smsg["name"][:n] = [self._name(addr) for _, addr in messages]
         done = refused = 0
         fd = self.sock.fileno()
         while done < n:
             self.stats.send_calls += 1
-            sent = _LIBC.sendmmsg(fd, ctypes.addressof(vec) + done * ctypes.sizeof(_MMsgHdr), n - done, 0)
+            sent = _LIBC.sendmmsg(fd, ctypes.addressof(self._svec) + done * ctypes.sizeof(_MMsgHdr), n - done, 0)
             if sent < 0:
                 err = ctypes.get_errno()
                 if err not in _TRANSIENT and err != errno.EINTR:
@@ -236,6 +254,14 @@ class UdpSocket:
             done += sent
         del keep  # the values buffers had to live until the kernel copied them
         return refused
+
+    def _name(self, addr: Address) -> int:
+        """The address of a sockaddr_in for ``addr``, made once and kept."""
+        entry = self._names.get(addr)
+        if entry is None:
+            buf = ctypes.create_string_buffer(_sockaddr(addr), 16)
+            entry = self._names[addr] = (buf, ctypes.addressof(buf))
+        return entry[1]
 
     # ---- receiving -------------------------------------------------------------------------------
 
@@ -271,8 +297,7 @@ class UdpSocket:
         return out
 
     def _recv_mmsg(self) -> list[tuple[memoryview, Address]]:
-        for i in range(self.batch):
-            self._rvec[i].hdr.namelen = 16
+        self._rmsg["namelen"] = 16
         while True:
             self.stats.recv_calls += 1
             got = _LIBC.recvmmsg(self.sock.fileno(), ctypes.addressof(self._rvec), self.batch,
@@ -285,10 +310,17 @@ class UdpSocket:
             if err not in _TRANSIENT and err != errno.EINTR:
                 raise OSError(err, f"recvmmsg failed: {errno.errorcode.get(err, err)}")
             self.stats.refused += err != errno.EINTR  # an ICMP error reported late: a loss
-        names = self._rnames.raw
+        names = self._rnames[:got].tobytes()
+        known = self._addresses
+        if len(known) > _MAX_NAMES:
+            known.clear()
         out = []
-        for i in range(got):
-            start = i * self.max_datagram
-            out.append((self._rview[start:start + self._rvec[i].len], _address(names[16 * i:16 * i + 16])))
+        view, size = self._rview, self.max_datagram
+        for i, length in enumerate(self._rmsg["len"][:got].tolist()):
+            raw = names[16 * i:16 * i + 16]
+            addr = known.get(raw)
+            if addr is None:
+                addr = known[raw] = _address(raw)
+            out.append((view[i * size:i * size + length], addr))
         self.stats.received += got
         return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -73,8 +74,7 @@ class JobEntry:
         return len(self.workers)
 
 
-@dataclass(frozen=True)
-class Emit:
+class Emit(NamedTuple):
     """A packet the switch sends: destination, header, and values (None for none)."""
 
     dst: Address
@@ -105,6 +105,7 @@ class SwitchModel:
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
+        self._scratch_row = np.empty(0, dtype=np.int32)
 
     # ---- control plane -------------------------------------------------------------------------
 
@@ -230,22 +231,32 @@ class SwitchModel:
         if outcome == TagOutcome.NEW:
             if row is None or row.size != values.size:
                 row = self.values[i] = np.empty(values.size, dtype=np.int32)
-            row[:] = values
+            np.copyto(row, values)  # to native byte order, where numpy adds fastest
         elif not repeat:
-            np.add(row, values, out=row, casting="unsafe")
+            np.copyto(self._scratch(values.size), values)
+            np.add(row, self._scratch_row, out=row)  # int32 arrays wrap like the hardware
         if trace is not None:
             trace.append("values")
         if not complete:
             counters[JobCounter.CONTRIBUTIONS] += 1
             return []
         result = row.astype(VALUE_DTYPE)
-        head = h._replace(type=PacketType.RESULT, exponent=exponent)
         if repeat:
             counters[JobCounter.RESULTS_UNICAST] += 1
-            return [Emit(src, head, result)]
+            return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), result)]
         counters[JobCounter.CONTRIBUTIONS] += 1
         counters[JobCounter.RESULTS_MULTICAST] += 1
-        return [Emit(dst, head._replace(worker=rank), result) for rank, dst in enumerate(job.workers)]
+        # One replica per worker, each with its rank in the worker field (as the P4 egress writes it).
+        v, _, flags, _, job_id, slot, chunk, generation, key, _, reserved, count = h
+        return [Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key, exponent,
+                                 reserved, count), result)
+                for rank, dst in enumerate(job.workers)]
+
+    def _scratch(self, size: int) -> np.ndarray:
+        """A reused native-order buffer for an incoming packet's values."""
+        if self._scratch_row.size != size:
+            self._scratch_row = np.empty(size, dtype=np.int32)
+        return self._scratch_row
 
     def _drop(self, reason: GlobalDrop) -> list[Emit]:
         self.global_counters[reason] += 1
