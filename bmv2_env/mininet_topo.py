@@ -41,7 +41,7 @@ class Bmv2Switch(Switch):
         argv = [binary, "--no-p4", "--thrift-port", str(self.thrift_port)]
         for port, intf in sorted(self.intfs.items()):
             if intf.name != "lo":
-                self.cmd(f"ethtool -K {intf.name} tx off rx off")
+                self.cmd(f"ethtool -K {intf.name} tx off rx off tso off gso off gro off")  # see netns.quiet_link
                 argv += ["-i", f"{port}@{intf.name}"]
         argv += ["--", "--grpc-server-addr", f"127.0.0.1:{self.grpc_port}"]
         self.cmd(" ".join(argv) + " > /tmp/switchagg-mininet-bmv2.log 2>&1 &")
