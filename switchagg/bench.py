@@ -96,6 +96,16 @@ def _start_switch(cfg: JobConfig, workdir: Path) -> subprocess.Popen:
     raise RuntimeError(f"the switch process did not start (exit {proc.wait()})")
 
 
+def _process_cpu(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds of a process so far (Linux /proc), or None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def codec_speed(numel: int = 1 << 24, k: int = 16000, n: int = 4) -> tuple[float, float]:
     """GB/s of float32 for quantize+pack and for unpack+dequantize, one core.
 
@@ -160,7 +170,9 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
     with tempfile.TemporaryDirectory() as tmp:
         switch = _start_switch(cfg, Path(tmp))
         try:
+            before = _process_cpu(switch.pid)
             ours = run_processes(_switchagg_worker, workers, (cfg.to_toml(), numel, reps))
+            after = _process_cpu(switch.pid)
         finally:
             switch.terminate()
             switch.wait(10)
@@ -168,6 +180,9 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
     print(f"switchagg: K={k}, {slots} slots, transport {ours[0]['backend']}: {wall * 1e3:.1f} ms per "
           f"allreduce, {nbytes / wall / 2**30:.3f} GiB/s, worker CPU {cpu:.2f} s/GiB, "
           f"timeouts {sum(w['retransmissions'] for w in ours)}")
+    if before and after:
+        user, system = ((b - a) / (reps + 1) * 1e3 for a, b in zip(before, after, strict=True))
+        print(f"switch process CPU per call (it shares the cores): user {user:.0f} ms, system {system:.0f} ms")
     enc, dec = codec_speed(k=k, n=workers)
     print(f"codec (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s")
     rates = transport_speed()

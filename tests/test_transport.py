@@ -63,3 +63,28 @@ def test_refused_sends_are_counted_not_raised(batched):
             s.send([((b"x" * 10,), None)] * 3)
             assert s.recv(0.01) == []  # ECONNREFUSED may surface on receive instead
         assert s.stats.refused > 0
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_mixed_batch_to_several_receivers_arrives_exact(batched):
+    """One batch of every kind of message: header only, numpy values writable or read-only, bytes
+    values, one array sent to several receivers, headers of another length; each to its address."""
+    shared = np.arange(5, dtype=">i4")
+    readonly = np.frombuffer(np.arange(4, dtype=">i4").tobytes(), dtype=">i4")
+    parts = [(b"h0",), (b"h1", shared), (b"h2", readonly), (b"h3", b"tail"), (b"longer-head", shared),
+             (b"h5", shared[1:])]
+    with UdpSocket(("127.0.0.1", 0), batched=batched) as a, UdpSocket(("127.0.0.1", 0), batched=batched) as b, \
+            UdpSocket(("127.0.0.1", 0), batched=batched) as tx:
+        msgs = [(p, (a if i % 2 else b).address) for i, p in enumerate(parts)]
+        assert tx.send(msgs * 3) == 0
+        got = {a.address: [], b.address: []}
+        deadline = time.monotonic() + 5
+        while sum(map(len, got.values())) < 3 * len(parts) and time.monotonic() < deadline:
+            for rx in (a, b):
+                for data, src in rx.recv(0.05):
+                    assert src == tx.address
+                    got[rx.address].append(bytes(data))
+    for rx_addr in got:
+        want = [b"".join(bytes(x) if isinstance(x, bytes) else x.tobytes() for x in p)
+                for p, addr in msgs if addr == rx_addr]
+        assert got[rx_addr] == want * 3
