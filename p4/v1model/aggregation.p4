@@ -56,16 +56,25 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
         meta.exponent = e;
     }
 
-    /* Stage 5: the K sums, written, added to or read; the packet carries the result onward. The
-     * add is 64 independent 32-bit adds (modulo 2^32, no carry between values): add the low 31 bits
-     * of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and the
-     * carry into it. */
-    action values_stage() {
+    /* Stage 5, values: one of three actions on the register, chosen by the earlier stages (on Tofino,
+     * three RegisterActions of one register, exactly one running per packet). The first contribution
+     * writes its values, a repeat of a finished round reads the sums, any other contribution adds.
+     * The add is 64 independent 32-bit adds (modulo 2^32, no carry between values): add the low 31
+     * bits of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and
+     * the carry into it. The packet carries the register's new content onward. */
+    action values_write() {
+        values.write(meta.idx, hdr.vals.values);
+    }
+
+    action values_read() {
+        values.read(hdr.vals.values, meta.idx);
+    }
+
+    action values_add() {
         bit<2048> v;
         values.read(v, meta.idx);
         bit<2048> p = hdr.vals.values;
-        bit<2048> sum = ((v & ~SA_VALUE_TOPS) + (p & ~SA_VALUE_TOPS)) ^ ((v ^ p) & SA_VALUE_TOPS);
-        v = meta.tag == SA_TAG_NEW ? p : (meta.seen == 1 ? v : sum);
+        v = ((v & ~SA_VALUE_TOPS) + (p & ~SA_VALUE_TOPS)) ^ ((v ^ p) & SA_VALUE_TOPS);
         values.write(meta.idx, v);
         hdr.vals.values = v;
     }
@@ -79,7 +88,13 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
             count_stage();
             if (meta.seen == 0 || meta.count == meta.n_workers) {
                 exponent_stage();
-                values_stage();
+                if (meta.tag == SA_TAG_NEW) {
+                    values_write();
+                } else if (meta.seen == 1) {
+                    values_read();
+                } else {
+                    values_add();
+                }
             }
         }
     }
