@@ -186,7 +186,11 @@ class UdpSocket:
     # ---- sending ---------------------------------------------------------------------------------
 
     def send(self, messages: Sequence[Message]) -> int:
-        """Send every message; returns how many the kernel refused (they count as lost)."""
+        """Send every message; returns how many the kernel refused (they count as lost).
+
+        A message is ((header,), address) or ((header, values), address): the header is bytes, the
+        values bytes or a contiguous array; address None sends to the connected peer.
+        """
         refused = 0
         for start in range(0, len(messages), self.batch):
             chunk = messages[start:start + self.batch]
