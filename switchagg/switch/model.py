@@ -233,8 +233,9 @@ class SwitchModel:
                 row = self.values[i] = np.empty(values.size, dtype=np.int32)
             np.copyto(row, values)  # to native byte order, where numpy adds fastest
         elif not repeat:
-            np.copyto(self._scratch(values.size), values)
-            np.add(row, self._scratch_row, out=row)  # int32 arrays wrap like the hardware
+            native = self._scratch(values.size)
+            np.copyto(native, values)
+            np.add(row, native, out=row)  # int32 arrays wrap like the hardware
         if trace is not None:
             trace.append("values")
         if not complete:
