@@ -61,12 +61,10 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float,
             burst: int = 200) -> tuple[float, float, int, int]:
     """(offered, processed) packets per second, frames sent and frames that came out.
 
-    It goes in bursts that BMv2's input queue can hold.
-
-    A burst goes out as fast as the generator can (the offered rate); BMv2's rate is what came out
-    divided by the time from the burst's first frame to its last output. Bursts keep a job's
-    pairs whole: an overloaded input queue drops at random and would break pairs, leaving nothing
-    to aggregate.
+    Frames go in bursts that BMv2's input queue can hold. A burst goes out as fast as the generator
+    can (the offered rate); BMv2's rate is what came out divided by the time from the burst's first
+    frame to its last output. Bursts keep a job's pairs whole: an overloaded input queue drops at
+    random and would break pairs, leaving nothing to aggregate.
     """
     tx = netns.packet_socket(bed.host(0))
     tx.setblocking(True)
