@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import socket
 import subprocess
 from pathlib import Path
@@ -103,3 +104,21 @@ def packet_socket(ns: str, dev: str = "eth0") -> socket.socket:
     s.bind((dev, 0))
     s.setblocking(False)
     return s
+
+
+def incoming(socks: list[socket.socket], wait: float) -> list[tuple[int, bytes]]:
+    """The frames waiting on non-blocking packet sockets, as (index in ``socks``, frame), after
+    waiting at most ``wait`` seconds for the first; a host's own sends, which its socket sees too,
+    are left out."""
+    out = []
+    ready, _, _ = select.select(socks, [], [], wait)
+    for s in ready:
+        i = socks.index(s)
+        while True:
+            try:
+                data, addr = s.recvfrom(65535)
+            except BlockingIOError:
+                break
+            if addr[2] != PACKET_OUTGOING:
+                out.append((i, data))
+    return out

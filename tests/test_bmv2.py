@@ -8,7 +8,6 @@ simple_switch_grpc (required where CI found them).
 from __future__ import annotations
 
 import random
-import select
 import time
 
 import numpy as np
@@ -53,20 +52,8 @@ class Differential:
         return self.model.jobs[job_id].generation
 
     def _drain(self, wait: float) -> list[tuple[int, frames.Frame]]:
-        out = []
-        ready, _, _ = select.select(self.socks, [], [], wait)
-        for s in ready:
-            while True:
-                try:
-                    data, addr = s.recvfrom(65535)
-                except BlockingIOError:
-                    break
-                if addr[2] == netns.PACKET_OUTGOING:
-                    continue
-                parsed = frames.parse(data)
-                if parsed is not None:
-                    out.append((self.socks.index(s), parsed))
-        return out
+        parsed = [(i, frames.parse(data)) for i, data in netns.incoming(self.socks, wait)]
+        return [(i, f) for i, f in parsed if f is not None]
 
     def send(self, host: int, payload: bytes, src: tuple[str, int] | None = None) -> list:
         """Inject ``payload`` as UDP from ``host``; assert BMv2 and the model emit the same; return it."""
