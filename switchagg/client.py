@@ -25,7 +25,9 @@ from .switch import control
 from .transport import UdpSocket
 from .wire import (
     HEADER_SIZE,
+    HEADER_STRUCT,
     IP_UDP_OVERHEAD,
+    VALUE_DTYPE,
     PacketType,
     datagram_size,
     make_header,
@@ -63,6 +65,8 @@ class Client:
                 f"values_per_packet = {k} makes {datagram_size(k) + IP_UDP_OVERHEAD}-byte IPv4 packets, but "
                 f"the path MTU towards {config.switch} is {mtu}: use values_per_packet <= "
                 f"{max_values_for_mtu(min(mtu, 65535))} (no IP fragmentation)")
+        # each send row's values, as the big-endian int32 the codec writes
+        self._row_values = [row[HEADER_SIZE:datagram_size(k)].view(VALUE_DTYPE) for row in self._sock.out_rows]
         self.window = Window(max_size=config.slot_count)
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
@@ -224,8 +228,7 @@ class Client:
         try:
             while True:
                 if red.outbox:
-                    sock.send([((s.header.pack(), s.values), None) for s in red.outbox])
-                    red.outbox.clear()
+                    self._send(red)
                 if red.done:
                     break
                 if self._closing:
@@ -244,6 +247,19 @@ class Client:
             raise type(exc)(str(exc) + self._diagnose(red)) from None
         finally:
             self._started = self._started or red.started
+
+    def _send(self, red: Reduction) -> None:
+        """Write the outbox's packets into the socket's send rows and send them, a batch at a time."""
+        sock, rows, values = self._sock, self._sock.out_rows, self._row_values
+        size = datagram_size(self.config.values_per_packet)
+        outbox = red.outbox
+        for start in range(0, len(outbox), sock.batch):
+            batch = outbox[start:start + sock.batch]
+            for i, send in enumerate(batch):
+                HEADER_STRUCT.pack_into(rows[i], 0, *send.header)
+                red.encode(send, values[i])
+            sock.send_rows(len(batch), size)
+        outbox.clear()
 
     def _diagnose(self, red: Reduction) -> str:
         """Which workers the stuck slots still wait for, when the switch can tell us."""

@@ -13,15 +13,18 @@ two makes ``x * s`` exact in float32, so the only quantization error is the
 rounding to an integer: at most ``0.5 / s`` per element and worker, and the
 sum of ``n`` contributions is off by at most ``n * 0.5 / s`` before the final
 float32 rounding of the result. ``docs/protocol.md`` states the same bound and
-the property tests check it.
+the property tests check it. The loops over the values run in :mod:`switchagg._kernels`
+(C, one pass each); ``tests/test_codec.py`` holds them to a plain numpy statement
+of this arithmetic, bit for bit.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import _kernels
 from .errors import QuantizationError
-from .wire import EXP_NONE, VALUE_DTYPE
+from .wire import EXP_NONE
 
 MIN_EXPONENT = -127  # below this float32 has only denormals; a larger e is still safe
 MAX_EXPONENT = 127
@@ -49,17 +52,9 @@ def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
     Raises :class:`QuantizationError` on NaN or infinity: a gradient like that
     would otherwise become silent garbage in every worker's sum.
     """
-    n_blocks = -(-flat.size // k)
-    maxabs = np.empty(n_blocks, dtype=np.float32)
-    full = flat.size // k
-    if full:
-        rows = flat[: full * k].reshape(full, k)
-        np.maximum(rows.max(axis=1), -rows.min(axis=1), out=maxabs[:full])
-    if full < n_blocks:
-        tail = flat[full * k:]
-        maxabs[full] = max(tail.max(), -tail.min())
-    if not np.isfinite(maxabs).all():
-        bad = int(np.flatnonzero(~np.isfinite(maxabs))[0])
+    maxabs = np.empty(-(-flat.size // k), dtype=np.float32)
+    bad = _kernels.block_maxabs(flat, k, maxabs)
+    if bad >= 0:
         raise QuantizationError(
             f"block {bad} (elements {bad * k}..{min((bad + 1) * k, flat.size) - 1}) holds NaN "
             "or infinity; fix the computation that produced it (e.g. lower the learning rate "
@@ -74,36 +69,24 @@ def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
     return exps.astype(np.int8)
 
 
-def _times_pow2(x: np.ndarray, k: int, out: np.ndarray) -> np.ndarray:
-    """``out = x * 2**k`` in float32 without ever forming an unrepresentable 2**k."""
-    if -126 <= k <= 127:
-        return np.multiply(x, np.float32(2.0 ** k), out=out)
-    return np.ldexp(x, np.int32(k), out=out)
+def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
+    """Float32 ``block`` into ``out``, K big-endian int32 (the packet's values, zero-padded).
 
-
-def quantize(block: np.ndarray, exponent: int, n_workers: int, k: int) -> np.ndarray:
-    """Float32 ``block`` as ``k`` big-endian int32 (zero-padded): a new array, the packet payload."""
-    scaled = _times_pow2(block, scale_shift(exponent, n_workers), np.empty(block.size, dtype=np.float32))
-    wire = np.rint(scaled, out=scaled).astype(VALUE_DTYPE)
-    return wire if block.size == k else _padded(wire, k)
+    One pass, no temporaries (:mod:`switchagg._kernels`): ``out`` is usually the
+    very buffer the packet is sent from.
+    """
+    _kernels.quantize(block, out, scale_shift(exponent, n_workers))
+    return out
 
 
 def dequantize(sums: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
-    """Turn summed int32 values back into float32 ``out`` (its size picks how many), in one pass."""
-    k = scale_shift(exponent, n_workers)
-    if -126 <= k <= 127:
-        return np.multiply(sums[: out.size], np.float32(2.0 ** -k), out=out, dtype=np.float32, casting="unsafe")
-    out[:] = sums[: out.size]
-    return np.ldexp(out, np.int32(-k), out=out)
+    """Summed big-endian int32 into float32 ``out`` (its size picks how many), in one pass."""
+    _kernels.dequantize(sums, out, scale_shift(exponent, n_workers))
+    return out
 
 
-def encode_int32(block: np.ndarray, k: int) -> np.ndarray:
-    """int32 tensors travel as they are: the switch sums them modulo 2**32."""
-    wire = block.astype(VALUE_DTYPE)
-    return wire if block.size == k else _padded(wire, k)
-
-
-def _padded(wire: np.ndarray, k: int) -> np.ndarray:
-    out = np.zeros(k, dtype=VALUE_DTYPE)
-    out[: wire.size] = wire
+def encode_int32(block: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """int32 tensors travel as they are (the switch sums them modulo 2**32): into ``out``, zero-padded."""
+    out[: block.size] = block
+    out[block.size:] = 0
     return out

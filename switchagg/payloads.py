@@ -21,9 +21,8 @@ class FloatPayloads:
     def proposals(self) -> np.ndarray:
         return self._proposals
 
-    def encode(self, chunk: int, exponent: int) -> np.ndarray:
-        block = self.flat[chunk * self.k:(chunk + 1) * self.k]
-        return codec.quantize(block, exponent, self.n, self.k)
+    def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
+        codec.quantize(self.flat[chunk * self.k:(chunk + 1) * self.k], exponent, self.n, out)
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         codec.dequantize(sums, exponent, self.n, self.out[chunk * self.k:(chunk + 1) * self.k])
@@ -38,8 +37,8 @@ class Int32Payloads:
     def proposals(self) -> None:
         return None
 
-    def encode(self, chunk: int, exponent: int) -> np.ndarray:
-        return codec.encode_int32(self.flat[chunk * self.k:(chunk + 1) * self.k], self.k)
+    def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
+        codec.encode_int32(self.flat[chunk * self.k:(chunk + 1) * self.k], out)
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]

@@ -3,7 +3,8 @@
 :class:`Reduction` is one allreduce call: it decides which packet goes out when,
 takes the results that come back, and raises when the job never starts or
 stops making progress. It owns no socket and reads no clock: the caller feeds
-it packets and the current time and sends what it puts in :attr:`Reduction.outbox`.
+it packets and the current time and sends what it puts in :attr:`Reduction.outbox`,
+having :meth:`Reduction.encode` write each packet's values where it will send them from.
 :class:`Window` carries the congestion window and the round-trip estimate from
 one call to the next.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -51,8 +52,8 @@ class Payloads(Protocol):
     def proposals(self) -> np.ndarray | None:
         """The proposed exponent of every data chunk, or None when the values are not floats."""
 
-    def encode(self, chunk: int, exponent: int) -> np.ndarray:
-        """Data chunk ``chunk`` as K big-endian int32, quantized with ``exponent``."""
+    def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
+        """Write data chunk ``chunk`` into ``out`` as K big-endian int32, quantized with ``exponent``."""
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         """Store the summed data chunk ``chunk`` (quantized with ``exponent``)."""
@@ -66,7 +67,7 @@ class Window:
     it grows by one per round trip and halves on a timeout, at most once per round trip.
     """
 
-    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.025,
+    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.05,
                  initial_rto: float = 0.1, max_rto: float = 1.0) -> None:
         self.max_size = max_size
         self.cwnd = float(min(initial, max_size))
@@ -124,12 +125,16 @@ class Window:
         return min(self.max_rto, self.rto * 2.0 ** retries)
 
 
-@dataclass(frozen=True)
-class Send:
-    """A packet to send: the header and its values."""
+class Send(NamedTuple):
+    """A packet to send: its header, and what :meth:`Reduction.encode` turns into its values.
+
+    The values are written only when the packet goes out, straight into the
+    buffer it is sent from, so a call of any size allocates nothing per packet.
+    """
 
     header: Header
-    values: np.ndarray
+    data_chunk: int  # the chunk of the tensor it carries; -1 in the exponent round (zeros)
+    exponent: int  # the agreed exponent its values are quantized with
 
 
 class Reduction:
@@ -159,7 +164,6 @@ class Reduction:
         self._copy = (copies[slots] + uses) % 2
         per_slot = np.bincount(slots, minlength=s)
         copies[:] = (copies + per_slot) % 2
-        self._zeros = np.zeros(params.values_per_packet, dtype=">i4")
         self._agreed = np.full(self.total, EXP_NONE, dtype=np.int16)  # exponent each result carried
         self._done = np.zeros(self.total, dtype=bool)
         self.n_done = 0
@@ -191,21 +195,26 @@ class Reduction:
     def _packet(self, t: int) -> Send:
         p = self.params
         if t < self.rounds:
-            exponent_used, values = EXP_NONE, self._zeros
-            proposal = int(self._proposals[t])
+            data_chunk, exponent_used, proposal = -1, EXP_NONE, int(self._proposals[t])
         else:
-            d = t - self.rounds
+            data_chunk = t - self.rounds
             prev = self._prev(t)
             exponent_used = EXP_NONE if prev is None else int(self._agreed[prev])
-            values = self.payloads.encode(d, exponent_used)
-            nxt = d + p.slot_count
+            nxt = data_chunk + p.slot_count
             proposal = int(self._proposals[nxt]) if self._proposals is not None and nxt < self.n_chunks \
                 else EXP_NONE
         header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=int(self._slot[t]),
                              copy=int(self._copy[t]), chunk=(self.first_id + t) & _U32,
                              generation=p.generation, key=p.key, exponent=proposal,
                              count=p.values_per_packet)
-        return Send(header, values)
+        return Send(header, data_chunk, exponent_used)
+
+    def encode(self, send: Send, out: np.ndarray) -> None:
+        """Write ``send``'s K values into ``out`` (big-endian int32), e.g. the row it is sent from."""
+        if send.data_chunk < 0:
+            out[:] = 0
+        else:
+            self.payloads.encode(send.data_chunk, send.exponent, out)
 
     def _send(self, t: int, now: float, retries: int) -> None:
         self.outbox.append(self._packet(t))

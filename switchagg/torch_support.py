@@ -18,7 +18,7 @@ import torch
 
 from .codec import MAX_EXPONENT, MIN_EXPONENT, scale_shift
 from .errors import QuantizationError
-from .wire import EXP_NONE, VALUE_DTYPE
+from .wire import EXP_NONE
 
 
 def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
@@ -87,13 +87,12 @@ class TorchPayloads:
     def proposals(self) -> np.ndarray:
         return self._proposals
 
-    def encode(self, chunk: int, exponent: int) -> np.ndarray:
+    def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
         block = self.flat[chunk * self.k:(chunk + 1) * self.k]
         q = torch.round(_times_pow2(block, scale_shift(exponent, self.n))).to(torch.int32)
         self._stage[: q.numel()].copy_(q)  # device -> pinned host, synchronous
-        wire = np.zeros(self.k, dtype=VALUE_DTYPE)
-        wire[: q.numel()] = self._stage_np[: q.numel()]
-        return wire
+        out[: q.numel()] = self._stage_np[: q.numel()]
+        out[q.numel():] = 0
 
     def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]

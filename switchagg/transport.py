@@ -139,9 +139,9 @@ class UdpSocket:
         self._rbuf = np.empty((batch, max_datagram), dtype=np.uint8)
         self._rview = memoryview(self._rbuf).cast("B")
         self._names: dict[Address, tuple[ctypes.Array, int]] = {}
+        self.out_rows = np.empty((batch, max_datagram), dtype=np.uint8)  # what send_rows sends
         if self.batched:
-            self._sbuf = np.empty((batch, max_datagram), dtype=np.uint8)
-            self._svec, self._siov = self._vectors(self._sbuf, named=peer is None, parts=2)
+            self._svec, self._siov = self._vectors(self.out_rows, named=peer is None, parts=2)
             self._smsg = np.frombuffer(self._svec, dtype=_MMSG_VIEW)
             iov = np.frombuffer(self._siov, dtype=_IOV_VIEW)
             self._shead_len, self._svals, self._svals_len = iov["len"][0::2], iov["base"][1::2], iov["len"][1::2]
@@ -225,11 +225,11 @@ class UdpSocket:
         heads = [parts[0] for parts, _ in messages]
         size = len(heads[0])
         if all(len(h) == size for h in heads):  # the usual case: one copy for all headers
-            self._sbuf[:n, :size] = np.frombuffer(b"".join(heads), np.uint8).reshape(n, size)
+            self.out_rows[:n, :size] = np.frombuffer(b"".join(heads), np.uint8).reshape(n, size)
             self._shead_len[:n] = size
         else:
             for i, head in enumerate(heads):
-                self._sbuf[i, :len(head)] = np.frombuffer(head, np.uint8)
+                self.out_rows[i, :len(head)] = np.frombuffer(head, np.uint8)
                 self._shead_len[i] = len(head)
         iovlen = [len(parts) for parts, _ in messages]
         if not set(iovlen) <= {1, 2}:
@@ -241,6 +241,29 @@ class UdpSocket:
         self._svals_len[:n] = [len(v) if isinstance(v, bytes) else v.nbytes for v in keep]
         if self.peer is None:
             self._smsg["name"][:n] = [self._name(addr) for _, addr in messages]
+        refused = self._sendmmsg(n)
+        del keep  # the values buffers had to live until the kernel copied them
+        return refused
+
+    def send_rows(self, n: int, size: int) -> int:
+        """Send the first ``size`` bytes of each of the first ``n`` rows of :attr:`out_rows` to the peer.
+
+        The zero-copy path of a connected socket: the caller writes each packet
+        straight into its row. Returns how many the kernel refused (lost).
+        """
+        if self.peer is None or not 0 <= n <= self.batch or size > self.max_datagram:
+            raise ValueError("send_rows needs a connected socket, n <= batch and size <= max_datagram")
+        if self.batched and n > 1:
+            self._shead_len[:n] = size
+            self._smsg["iovlen"][:n] = 1
+            refused = self._sendmmsg(n)
+        else:
+            refused = self._send_plain([((self.out_rows[i, :size],), None) for i in range(n)])
+        self.stats.refused += refused
+        return refused
+
+    def _sendmmsg(self, n: int) -> int:
+        """sendmmsg the first ``n`` prepared messages; a refused one is skipped and counted."""
         done = refused = 0
         fd = self.sock.fileno()
         while done < n:
@@ -256,7 +279,6 @@ class UdpSocket:
                 continue
             self.stats.sent += sent
             done += sent
-        del keep  # the values buffers had to live until the kernel copied them
         return refused
 
     def _name(self, addr: Address) -> int:

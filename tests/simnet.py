@@ -17,7 +17,7 @@ import numpy as np
 from switchagg.payloads import FloatPayloads, Int32Payloads
 from switchagg.protocol import Reduction, StreamParams, Window
 from switchagg.switch.model import JobEntry, SwitchModel
-from switchagg.wire import HEADER_SIZE, unpack_header, values_of
+from switchagg.wire import HEADER_SIZE, VALUE_DTYPE, unpack_header, values_of
 
 
 @dataclass
@@ -95,7 +95,9 @@ class SimNet:
     def _flush(self, w: Worker, addr) -> None:
         for s in w.red.outbox:
             w.sent += 1
-            self._transmit(self.up, "switch", s.header.pack() + s.values.tobytes(), addr)
+            values = np.empty(w.job.k, VALUE_DTYPE)
+            w.red.encode(s, values)
+            self._transmit(self.up, "switch", s.header.pack() + values.tobytes(), addr)
         w.red.outbox.clear()
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0) -> None:

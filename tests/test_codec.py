@@ -1,4 +1,5 @@
-"""Block floating point: the documented error bound holds and int32 never overflows."""
+"""Block floating point: the documented error bound holds, int32 never overflows, and the C
+kernels compute exactly the documented arithmetic (a plain numpy statement of it, here)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from switchagg import codec
+from switchagg import _kernels, codec
 from switchagg.errors import QuantizationError
-from switchagg.wire import EXP_NONE
+from switchagg.wire import EXP_NONE, VALUE_DTYPE
 
 K = 16
 _LIM = float(np.float32(1e37))  # 32 workers times this still fits a float32 sum
 floats32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-_LIM, max_value=_LIM)
+
+
+def quantized(block: np.ndarray, exponent: int, n: int, k: int) -> np.ndarray:
+    return codec.quantize(block, exponent, n, np.empty(k, VALUE_DTYPE))
 
 
 def roundtrip(xs: list[np.ndarray], k: int = K):
@@ -25,7 +30,7 @@ def roundtrip(xs: list[np.ndarray], k: int = K):
     bound = np.empty(xs[0].size)
     for b, e in enumerate(exps):
         sl = slice(b * k, (b + 1) * k)
-        q = [codec.quantize(x[sl], int(e), n, k).astype(np.int64) for x in xs]
+        q = [quantized(x[sl], int(e), n, k).astype(np.int64) for x in xs]
         total = np.sum(q, axis=0)
         assert np.all(np.abs(total) <= 2**31 - 1), "the int32 sum must never overflow"
         codec.dequantize(total.astype(">i4"), int(e), n, out[sl])
@@ -79,10 +84,88 @@ def test_nan_and_inf_are_clear_errors(bad):
 
 def test_zero_blocks_quantize_to_zero():
     z = np.zeros(K, np.float32)
-    assert not codec.quantize(z, EXP_NONE, 4, K).any()
+    assert not quantized(z, EXP_NONE, 4, K).any()
 
 
 def test_tail_block_is_zero_padded():
     x = np.arange(1, 6, dtype=np.float32)
-    q = codec.quantize(x, 3, 2, 8)
+    q = codec.quantize(x, 3, 2, np.full(8, -1, VALUE_DTYPE))
     assert q[5:].tolist() == [0, 0, 0] and q[0] != 0
+
+
+# ---- the kernels against the arithmetic as numpy states it ------------------------------------------
+
+
+def _times_pow2(x: np.ndarray, k: int) -> np.ndarray:
+    if -126 <= k <= 127:
+        return x * np.float32(2.0**k)
+    return np.ldexp(x, np.int32(k)).astype(np.float32)
+
+
+def reference_quantize(block: np.ndarray, exponent: int, n: int, k: int) -> np.ndarray:
+    wire = np.zeros(k, VALUE_DTYPE)
+    wire[: block.size] = np.rint(_times_pow2(block, codec.scale_shift(exponent, n))).astype(np.int32)
+    return wire
+
+
+def reference_dequantize(sums: np.ndarray, exponent: int, n: int) -> np.ndarray:
+    return _times_pow2(sums.astype(np.float32), -codec.scale_shift(exponent, n))
+
+
+def reference_exponents(x: np.ndarray, k: int) -> np.ndarray:
+    maxabs = np.array([np.abs(x[i:i + k]).max() for i in range(0, x.size, k)], np.float32)
+    exps = np.maximum(np.frexp(maxabs)[1], codec.MIN_EXPONENT)
+    exps[maxabs == 0] = EXP_NONE
+    return exps
+
+
+# Magnitudes from denormals to 2**120 (32 of them still sum to a float32), so every branch of the
+# scaling is taken.
+wide = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0**120, max_value=2.0**120)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 40), elements=wide), st.integers(1, 32), st.integers(0, 3),
+       st.integers(0, 2), st.integers(0, 3))
+def test_kernels_match_the_numpy_arithmetic_bit_for_bit(block, n, pad, raise_by, offset):
+    k = block.size + pad
+    (e,) = codec.propose_exponents(block, k).tolist()
+    if e != EXP_NONE:
+        e = min(e + raise_by, codec.MAX_EXPONENT)  # any agreed exponent at least the proposal
+    # the values may lie at any byte offset, as they do in a receive buffer
+    raw = np.zeros(4 * k + offset, np.uint8)
+    wire = raw[offset:].view(VALUE_DTYPE)
+    codec.quantize(block, e, n, wire)
+    assert np.array_equal(wire, reference_quantize(block, e, n, k))
+    summed = (wire.astype(np.int64) * n).astype(np.int32).astype(VALUE_DTYPE)
+    out = np.empty(block.size, np.float32)
+    codec.dequantize(summed, e, n, out)
+    assert np.array_equal(out.view(np.uint32), reference_dequantize(summed[: block.size], e, n).view(np.uint32))
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 200), elements=wide), st.integers(1, 64))
+def test_block_exponents_match_numpy(x, k):
+    assert codec.propose_exponents(x, k).tolist() == reference_exponents(x, k).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.int32, st.integers(1, 40)), hnp.arrays(np.int32, st.integers(1, 40)))
+def test_switch_add_wraps_like_int32(a, b):
+    size = min(a.size, b.size)
+    acc = a[:size].copy()
+    _kernels.add_be(acc, b[:size].astype(VALUE_DTYPE))
+    assert np.array_equal(acc, (a[:size].astype(np.int64) + b[:size]).astype(np.int32))
+
+
+def test_kernels_refuse_buffers_that_do_not_fit():
+    with pytest.raises(ValueError, match="do not fit"):
+        codec.quantize(np.ones(9, np.float32), 1, 2, np.empty(8, VALUE_DTYPE))
+    with pytest.raises(ValueError, match="cannot fill"):
+        codec.dequantize(np.ones(4, VALUE_DTYPE), 1, 2, np.empty(8, np.float32))
+    with pytest.raises(ValueError, match="added"):
+        _kernels.add_be(np.zeros(4, np.int32), np.zeros(3, VALUE_DTYPE))
+    frozen = np.zeros(4, VALUE_DTYPE)
+    frozen.setflags(write=False)
+    with pytest.raises((BufferError, ValueError), match="read-only|not writable"):
+        codec.quantize(np.ones(4, np.float32), 1, 2, frozen)

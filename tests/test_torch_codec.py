@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from switchagg.payloads import FloatPayloads
+from switchagg.wire import VALUE_DTYPE
 
 torch = pytest.importorskip("torch")
 from switchagg.torch_support import TorchPayloads  # noqa: E402
@@ -33,8 +34,10 @@ def test_torch_and_numpy_codecs_agree_bit_for_bit(device, dtype):
     assert np.array_equal(got.proposals(), ref.proposals())
     for chunk, e in enumerate(ref.proposals()):
         e = int(e) + 1  # any agreed exponent at least the proposal
-        wire = ref.encode(chunk, e)
-        assert np.array_equal(got.encode(chunk, e), wire)
+        wire, mine = np.empty(k, VALUE_DTYPE), np.full(k, -1, VALUE_DTYPE)
+        ref.encode(chunk, e, wire)
+        got.encode(chunk, e, mine)
+        assert np.array_equal(mine, wire)
         summed = (wire.astype(np.int64) * n).astype(">i4")
         ref.decode(chunk, e, summed)
         got.decode(chunk, e, summed)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _kernels
 from ..config import JobConfig
 from ..errors import ConfigError
 from ..wire import (
@@ -105,7 +106,6 @@ class SwitchModel:
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
-        self._scratch_row = np.empty(0, dtype=np.int32)
 
     # ---- control plane -------------------------------------------------------------------------
 
@@ -233,9 +233,7 @@ class SwitchModel:
                 row = self.values[i] = np.empty(values.size, dtype=np.int32)
             np.copyto(row, values)  # to native byte order, where numpy adds fastest
         elif not repeat:
-            native = self._scratch(values.size)
-            np.copyto(native, values)
-            np.add(row, native, out=row)  # int32 arrays wrap like the hardware
+            _kernels.add_be(row, values)  # wraps modulo 2**32 like the hardware
         if trace is not None:
             trace.append("values")
         if not complete:
@@ -252,12 +250,6 @@ class SwitchModel:
         return [Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key, exponent,
                                  reserved, count), result)
                 for rank, dst in enumerate(job.workers)]
-
-    def _scratch(self, size: int) -> np.ndarray:
-        """A reused native-order buffer for an incoming packet's values."""
-        if self._scratch_row.size != size:
-            self._scratch_row = np.empty(size, dtype=np.int32)
-        return self._scratch_row
 
     def _drop(self, reason: GlobalDrop) -> list[Emit]:
         self.global_counters[reason] += 1

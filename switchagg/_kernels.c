@@ -1,0 +1,231 @@
+/* The codec's and the switch's per-element loops, one pass each.
+ *
+ * numpy needs three passes and two temporary arrays to turn a float32 block into big-endian int32
+ * (scale, round, cast-and-swap) and two to turn it back; on a 64 MiB tensor those passes cost more
+ * than the system calls that move the packets. These loops do each job in one pass, write straight
+ * into the buffer a packet is sent from, and release the GIL while they run.
+ *
+ * The arithmetic is the codec's (docs/protocol.md section 2), bit for bit: a power-of-two scale in
+ * float32, rounding half to even, and a sum converted to float32 before its scaling by 2^-shift.
+ * tests/test_codec.py holds these kernels to a plain numpy statement of the same arithmetic.
+ *
+ * Buffers are byte buffers (the buffer protocol, C-contiguous); the big-endian side may be at any
+ * alignment, so it is read and written through memcpy, which compilers turn into plain moves.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t swap32(uint32_t v) {
+    return (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
+}
+
+static inline uint32_t load_u32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void store_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#define LANES 4
+/* gcc does not vectorise the mixed float/int loops below by itself, so x86 gets them written out;
+ * the scalar loops after them do the last few values (and everything on other machines). */
+static inline __m128i swap32x4(__m128i v) {
+    __m128i t = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
+    return _mm_or_si128(_mm_slli_epi32(t, 16), _mm_srli_epi32(t, 16));
+}
+#else
+#define LANES 0
+#endif
+
+/* The codec multiplies by 2^shift in float32 where 2^shift is a float32 (as numpy does); beyond,
+ * in two steps that are each exact for the values the protocol lets through. */
+static inline int fits_float(int shift) { return -126 <= shift && shift <= 127; }
+
+static int get_buffers(PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
+    if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(dst, out, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(in);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Py_buffer *in, Py_buffer *out) {
+    PyBuffer_Release(in);
+    PyBuffer_Release(out);
+}
+
+PyDoc_STRVAR(quantize_doc,
+"quantize(src, dst, shift)\n\n"
+"float32 ``src`` times 2**shift, rounded half to even, into ``dst`` as big-endian int32; the\n"
+"values of ``dst`` past ``src``'s are zeros (the last block of a tensor is padded).");
+
+static PyObject *quantize(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    int shift;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || get_buffers(src, &in, dst, &out) < 0)
+        return NULL;
+    Py_ssize_t n = in.len / 4, size = out.len / 4;
+    if (n > size || in.len % 4 || out.len % 4) {
+        release(&in, &out);
+        return PyErr_Format(PyExc_ValueError, "quantize: %zd bytes of floats do not fit %zd bytes of values",
+                            in.len, out.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const float *x = in.buf;
+    unsigned char *q = out.buf;
+    const float first = fits_float(shift) ? ldexpf(1.0f, shift) : ldexpf(1.0f, 127);
+    const float second = fits_float(shift) ? 1.0f : ldexpf(1.0f, shift - 127);
+    Py_ssize_t i = 0;
+#if LANES
+    const __m128 a = _mm_set1_ps(first), b = _mm_set1_ps(second);
+    for (; i + LANES <= n; i += LANES) {
+        __m128 v = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(x + i), a), b);
+        /* cvtps2dq rounds half to even (the default mode, which Python never changes) */
+        _mm_storeu_si128((__m128i *)(q + 4 * i), swap32x4(_mm_cvtps_epi32(v)));
+    }
+#endif
+    for (; i < n; i++)
+        store_u32(q + 4 * i, swap32((uint32_t)(int32_t)lrintf(x[i] * first * second)));
+    memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(dequantize_doc,
+"dequantize(src, dst, shift)\n\n"
+"Big-endian int32 sums ``src`` times 2**-shift into float32 ``dst`` (as many as ``dst`` holds).");
+
+static PyObject *dequantize(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    int shift;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || get_buffers(src, &in, dst, &out) < 0)
+        return NULL;
+    Py_ssize_t n = out.len / 4;
+    if (in.len < out.len || out.len % 4) {
+        release(&in, &out);
+        return PyErr_Format(PyExc_ValueError, "dequantize: %zd bytes of sums cannot fill %zd bytes of floats",
+                            in.len, out.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const unsigned char *s = in.buf;
+    float *y = out.buf;
+    Py_ssize_t i = 0;
+    if (fits_float(-shift)) {
+        const float scale = ldexpf(1.0f, -shift);
+#if LANES
+        const __m128 a = _mm_set1_ps(scale);
+        for (; i + LANES <= n; i += LANES) {
+            __m128i v = swap32x4(_mm_loadu_si128((const __m128i *)(s + 4 * i)));
+            _mm_storeu_ps(y + i, _mm_mul_ps(_mm_cvtepi32_ps(v), a));
+        }
+#endif
+        for (; i < n; i++)
+            y[i] = (float)(int32_t)swap32(load_u32(s + 4 * i)) * scale;
+    } else {  /* exact in double, then one rounding to float32, as ldexp would */
+        const double scale = ldexp(1.0, -shift);
+        for (; i < n; i++)
+            y[i] = (float)((double)(float)(int32_t)swap32(load_u32(s + 4 * i)) * scale);
+    }
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(block_maxabs_doc,
+"block_maxabs(src, k, dst) -> int\n\n"
+"max|x| of each block of ``k`` float32 of ``src`` into float32 ``dst`` (one per block, the last\n"
+"block may be short). Returns the first block that holds NaN or infinity, or -1.");
+
+static PyObject *block_maxabs(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    Py_ssize_t k;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OnO", &src, &k, &dst) || get_buffers(src, &in, dst, &out) < 0)
+        return NULL;
+    Py_ssize_t n = in.len / 4, blocks = k > 0 ? (n + k - 1) / k : -1;
+    if (k <= 0 || in.len % 4 || out.len != 4 * blocks) {
+        release(&in, &out);
+        return PyErr_Format(PyExc_ValueError, "block_maxabs: %zd bytes in blocks of %zd floats need %zd bytes "
+                            "of maxima, not %zd", in.len, k, 4 * blocks, out.len);
+    }
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    /* |x| as the float's bits with the sign cleared: for these, integer order is float order, and
+     * NaN and infinity are exactly the patterns from 0x7f800000 up. Integer maxima vectorise. */
+    const unsigned char *x = in.buf;
+    float *m = out.buf;
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        Py_ssize_t end = (b + 1) * k < n ? (b + 1) * k : n;
+        int32_t best = 0;
+        for (Py_ssize_t i = b * k; i < end; i++) {
+            int32_t bits;
+            memcpy(&bits, x + 4 * i, 4);
+            bits &= 0x7fffffff;
+            best = bits > best ? bits : best;
+        }
+        memcpy(m + b, &best, 4);
+        if (best >= 0x7f800000 && bad < 0)
+            bad = b;
+    }
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    return PyLong_FromSsize_t(bad);
+}
+
+PyDoc_STRVAR(add_be_doc,
+"add_be(acc, src)\n\n"
+"Add big-endian int32 ``src`` into native int32 ``acc``, wrapping modulo 2**32 like the switch's\n"
+"registers.");
+
+static PyObject *add_be(PyObject *self, PyObject *args) {
+    PyObject *dst, *src;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OO", &dst, &src) || get_buffers(src, &in, dst, &out) < 0)
+        return NULL;
+    if (in.len != out.len || out.len % 4) {
+        release(&in, &out);
+        return PyErr_Format(PyExc_ValueError, "add_be: %zd bytes added to %zd", in.len, out.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    const unsigned char *s = in.buf;
+    unsigned char *acc = out.buf;
+    Py_ssize_t i = 0, n = out.len / 4;
+#if LANES
+    for (; i + LANES <= n; i += LANES) {
+        __m128i v = swap32x4(_mm_loadu_si128((const __m128i *)(s + 4 * i)));
+        __m128i *dst = (__m128i *)(acc + 4 * i);
+        _mm_storeu_si128(dst, _mm_add_epi32(_mm_loadu_si128(dst), v));
+    }
+#endif
+    for (; i < n; i++)
+        store_u32(acc + 4 * i, load_u32(acc + 4 * i) + swap32(load_u32(s + 4 * i)));
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"quantize", quantize, METH_VARARGS, quantize_doc},
+    {"dequantize", dequantize, METH_VARARGS, dequantize_doc},
+    {"block_maxabs", block_maxabs, METH_VARARGS, block_maxabs_doc},
+    {"add_be", add_be, METH_VARARGS, add_be_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "switchagg._kernels",
+    "One-pass loops of the block floating point codec and of the switch's adds.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
