@@ -185,8 +185,8 @@ static PyObject *block_maxabs(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(add_be_doc,
 "add_be(acc, src)\n\n"
-"Add big-endian int32 ``src`` into native int32 ``acc``, wrapping modulo 2**32 like the switch's\n"
-"registers.");
+"Add big-endian int32 ``src`` into big-endian int32 ``acc``, wrapping modulo 2**32 like the\n"
+"switch's registers (which hold their sums in wire order, so a result is sent as it lies).");
 
 static PyObject *add_be(PyObject *self, PyObject *args) {
     PyObject *dst, *src;
@@ -205,11 +205,11 @@ static PyObject *add_be(PyObject *self, PyObject *args) {
     for (; i + LANES <= n; i += LANES) {
         __m128i v = swap32x4(_mm_loadu_si128((const __m128i *)(s + 4 * i)));
         __m128i *dst = (__m128i *)(acc + 4 * i);
-        _mm_storeu_si128(dst, _mm_add_epi32(_mm_loadu_si128(dst), v));
+        _mm_storeu_si128(dst, swap32x4(_mm_add_epi32(swap32x4(_mm_loadu_si128(dst)), v)));
     }
 #endif
     for (; i < n; i++)
-        store_u32(acc + 4 * i, load_u32(acc + 4 * i) + swap32(load_u32(s + 4 * i)));
+        store_u32(acc + 4 * i, swap32(swap32(load_u32(acc + 4 * i)) + swap32(load_u32(s + 4 * i))));
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;

@@ -3,7 +3,8 @@
 The switch runs as its own process (``switchagg switch``), the workers as
 ``workers`` processes; then gloo's allreduce of the same tensor among the same
 number of processes. Each side gets a warm-up and ``reps`` timed calls; a
-call's time is the slowest worker's, and the median call is reported.
+call's time is the slowest worker's, and the median call is reported. The two
+run back to back for several rounds, and the ratios are the median of the rounds'.
 
 On one machine the switch process competes with the workers for the CPUs, so
 two figures are printed: ``host_cpu_ratio_vs_gloo`` (worker CPU seconds per GiB
@@ -165,13 +166,8 @@ def transport_speed(packets: int = 200_000, k: int = 64) -> dict[str, float]:
     return rates
 
 
-def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 16000, slots: int = 16,
-              gloo: bool = True) -> int:
-    numel = int(mib * 2**20 / 4)
-    nbytes = numel * 4
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
-    print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), warm-up + {reps} reps, "
-          f"median; cores here: {os.cpu_count()}")
+def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) -> dict:
+    """One run through a fresh embedded switch process: per-call figures, and the switch's CPU per call."""
     cfg = loopback_job(workers, values_per_packet=k, slot_count=slots)
     with tempfile.TemporaryDirectory() as tmp:
         switch = _start_switch(cfg, Path(tmp))
@@ -182,30 +178,61 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
         finally:
             switch.terminate()
             switch.wait(10)
-    wall, cpu, system = _summary(ours, nbytes)
-    print(f"switchagg: K={k}, {slots} slots, transport {ours[0]['backend']}: {wall * 1e3:.1f} ms per "
-          f"allreduce, {nbytes / wall / 2**30:.3f} GiB/s, worker CPU {cpu:.2f} s/GiB ({system:.2f} in the kernel), "
-          f"timeouts {sum(w['retransmissions'] for w in ours)}")
-    if before and after:
-        user, system = ((b - a) / (reps + 1) * 1e3 for a, b in zip(before, after, strict=True))
-        print(f"switch process CPU per call (it shares the cores): user {user:.0f} ms, system {system:.0f} ms")
+    wall, cpu, system = _summary(ours, numel * 4)
+    switch_cpu = None if not (before and after) else \
+        tuple((b - a) / (reps + 1) for a, b in zip(before, after, strict=True))
+    return {"wall": wall, "cpu": cpu, "system": system, "switch": switch_cpu, "backend": ours[0]["backend"],
+            "timeouts": sum(w["retransmissions"] for w in ours)}
+
+
+def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
+    (port,) = free_ports(1, kind=1)
+    wall, cpu, system = _summary(run_processes(_gloo_worker, workers, (workers, port, numel, reps)), numel * 4)
+    return {"wall": wall, "cpu": cpu, "system": system}
+
+
+def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 16000, slots: int = 16,
+              rounds: int = 3, gloo: bool = True) -> int:
+    """Measure switchagg and gloo back to back, ``rounds`` times, and print the median of each round's ratios.
+
+    Back to back, because the speed of a shared machine drifts over a minute by more
+    than the difference being measured; the ratio of two neighbouring runs drifts less.
+    """
+    numel = int(mib * 2**20 / 4)
+    nbytes = numel * 4
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
+    print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), {rounds} rounds of switchagg "
+          f"then gloo, each a warm-up + {reps} calls (median); cores here: {os.cpu_count()}")
+    if gloo:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("gloo baseline skipped: torch is not installed (install the 'torch' extra)")
+            gloo = False
+    speed, cpu_ratio = [], []
+    for r in range(1, rounds + 1):
+        ours = _measure_switchagg(workers, numel, reps, k, slots)
+        line = (f"round {r}: switchagg {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} GiB/s), "
+                f"worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), "
+                f"timeouts {ours['timeouts']}")
+        if ours["switch"]:
+            line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
+        print(line)
+        if gloo:
+            base = _measure_gloo(workers, numel, reps)
+            print(f"round {r}: gloo {base['wall'] * 1e3:.1f} ms ({nbytes / base['wall'] / 2**30:.3f} GiB/s), "
+                  f"worker CPU {base['cpu']:.2f} s/GiB ({base['system']:.2f} in the kernel)")
+            speed.append(base["wall"] / ours["wall"])
+            cpu_ratio.append(ours["cpu"] / base["cpu"])
+    print(f"switchagg: K={k}, {slots} slots, transport {ours['backend']}; the switch process shares the cores")
     enc, dec = codec_speed(k=k, n=workers)
     print(f"codec (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s")
     rates = transport_speed()
     print("transport, 280-byte datagrams sent per second: "
           + ", ".join(f"{name} {rate / 1e3:.0f}k" for name, rate in rates.items()))
-    if not gloo:
-        return 0
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print("gloo baseline skipped: torch is not installed (install the 'torch' extra)")
-        return 0
-    (port,) = free_ports(1, kind=1)
-    base = run_processes(_gloo_worker, workers, (workers, port, numel, reps))
-    gwall, gcpu, gsystem = _summary(base, nbytes)
-    print(f"gloo: {gwall * 1e3:.1f} ms per allreduce, {nbytes / gwall / 2**30:.3f} GiB/s, "
-          f"worker CPU {gcpu:.2f} s/GiB ({gsystem:.2f} in the kernel)")
-    print(f"host_cpu_ratio_vs_gloo={cpu / gcpu:.3f}")
-    print(f"ratio_vs_gloo={gwall / wall:.3f}")
+    if gloo:
+        print(f"per round: ratio_vs_gloo {' '.join(f'{x:.3f}' for x in speed)}; "
+              f"host_cpu_ratio_vs_gloo {' '.join(f'{x:.3f}' for x in cpu_ratio)}")
+        print(f"host_cpu_ratio_vs_gloo={statistics.median(cpu_ratio):.3f}")
+        print(f"ratio_vs_gloo={statistics.median(speed):.3f}")
     return 0

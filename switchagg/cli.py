@@ -135,7 +135,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
     return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, k=args.values_per_packet,
-                     slots=args.slots, gloo=not args.no_gloo)
+                     slots=args.slots, rounds=args.rounds, gloo=not args.no_gloo)
 
 
 def _target_args(p: argparse.ArgumentParser, default: str = "soft") -> None:
@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after a warm-up (median reported)")
     p.add_argument("--values-per-packet", type=int, default=16000, help="K (64 KB datagrams on loopback)")
     p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="switchagg then gloo, this many times; the ratios are the median of the rounds'")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--ddp", action="store_true",
                    help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")

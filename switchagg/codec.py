@@ -20,11 +20,13 @@ of this arithmetic, bit for bit.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import _kernels
 from .errors import QuantizationError
-from .wire import EXP_NONE
+from .wire import EXP_NONE, Buffer
 
 MIN_EXPONENT = -127  # below this float32 has only denormals; a larger e is still safe
 MAX_EXPONENT = 127
@@ -35,6 +37,7 @@ def ceil_log2(n: int) -> int:
     return (n - 1).bit_length()
 
 
+@functools.cache
 def scale_shift(exponent: int, n_workers: int) -> int:
     """``k`` with scale ``2**k`` for a block whose agreed exponent is ``exponent``."""
     e = MIN_EXPONENT if exponent == EXP_NONE else exponent
@@ -79,7 +82,7 @@ def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) 
     return out
 
 
-def dequantize(sums: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
+def dequantize(sums: Buffer, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
     """Summed big-endian int32 into float32 ``out`` (its size picks how many), in one pass."""
     _kernels.dequantize(sums, out, scale_shift(exponent, n_workers))
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import codec
+from .wire import VALUE_DTYPE, Buffer
 
 
 class FloatPayloads:
@@ -24,7 +25,7 @@ class FloatPayloads:
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
         codec.quantize(self.flat[chunk * self.k:(chunk + 1) * self.k], exponent, self.n, out)
 
-    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
+    def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
         codec.dequantize(sums, exponent, self.n, self.out[chunk * self.k:(chunk + 1) * self.k])
 
 
@@ -40,6 +41,6 @@ class Int32Payloads:
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
         codec.encode_int32(self.flat[chunk * self.k:(chunk + 1) * self.k], out)
 
-    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
+    def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]
-        part[:] = sums[: part.size]
+        part[:] = np.frombuffer(sums, VALUE_DTYPE, count=part.size)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from .errors import JobNotStarted, StallError
-from .wire import EXP_NONE, Header, PacketType, make_header
+from .wire import EXP_NONE, Buffer, Header, PacketType, make_header
 
 _U32 = 0xFFFFFFFF
 
@@ -55,8 +56,8 @@ class Payloads(Protocol):
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
         """Write data chunk ``chunk`` into ``out`` as K big-endian int32, quantized with ``exponent``."""
 
-    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
-        """Store the summed data chunk ``chunk`` (quantized with ``exponent``)."""
+    def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
+        """Store the summed data chunk ``chunk`` (quantized with ``exponent``): K big-endian int32."""
 
 
 class Window:
@@ -154,18 +155,15 @@ class Reduction:
         self.n_chunks, self.first_id = n_chunks, first_id
         s = params.slot_count
         proposals = payloads.proposals()
-        self._proposals = proposals
+        # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
+        self._proposals = None if proposals is None else array("b", proposals.astype(np.int8).tobytes())
         self.rounds = min(s, n_chunks) if proposals is not None else 0  # exponent round size
         self.total = self.rounds + n_chunks
-        slots = np.concatenate([np.arange(self.rounds), np.arange(n_chunks) % s])
-        uses = np.concatenate([np.zeros(self.rounds, np.int64),
-                               np.arange(n_chunks) // s + (np.arange(n_chunks) % s < self.rounds)])
-        self._slot = slots.astype(np.int64)
-        self._copy = (copies[slots] + uses) % 2
-        per_slot = np.bincount(slots, minlength=s)
-        copies[:] = (copies + per_slot) % 2
-        self._agreed = np.full(self.total, EXP_NONE, dtype=np.int16)  # exponent each result carried
-        self._done = np.zeros(self.total, dtype=bool)
+        self._copy0 = copies.tolist()
+        uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < self.rounds)
+        copies[:] = (copies + uses) % 2
+        self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
+        self._done = bytearray(self.total)
         self.n_done = 0
         self._next = 0
         self._outstanding: dict[int, list[float]] = {}  # t -> [last send, retries, first send]
@@ -192,19 +190,28 @@ class Reduction:
         prev = self._prev(t)
         return prev is None or bool(self._done[prev])
 
+    def _slot_copy(self, t: int) -> tuple[int, int]:
+        """The slot and shadow copy that entry ``t`` uses: each use of a slot flips its copy."""
+        if t < self.rounds:
+            return t, self._copy0[t]
+        d = t - self.rounds
+        slot = d % self.params.slot_count
+        use = d // self.params.slot_count + (slot < self.rounds)
+        return slot, (self._copy0[slot] + use) & 1
+
     def _packet(self, t: int) -> Send:
         p = self.params
         if t < self.rounds:
-            data_chunk, exponent_used, proposal = -1, EXP_NONE, int(self._proposals[t])
+            data_chunk, exponent_used, proposal = -1, EXP_NONE, self._proposals[t]
         else:
             data_chunk = t - self.rounds
             prev = self._prev(t)
-            exponent_used = EXP_NONE if prev is None else int(self._agreed[prev])
+            exponent_used = EXP_NONE if prev is None else self._agreed[prev]
             nxt = data_chunk + p.slot_count
-            proposal = int(self._proposals[nxt]) if self._proposals is not None and nxt < self.n_chunks \
-                else EXP_NONE
-        header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=int(self._slot[t]),
-                             copy=int(self._copy[t]), chunk=(self.first_id + t) & _U32,
+            proposal = self._proposals[nxt] if self._proposals is not None and nxt < self.n_chunks else EXP_NONE
+        slot, copy = self._slot_copy(t)
+        header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=slot,
+                             copy=copy, chunk=(self.first_id + t) & _U32,
                              generation=p.generation, key=p.key, exponent=proposal,
                              count=p.values_per_packet)
         return Send(header, data_chunk, exponent_used)
@@ -234,22 +241,22 @@ class Reduction:
     def done(self) -> bool:
         return self.n_done == self.total
 
-    def receive(self, h: Header, values: np.ndarray, now: float) -> bool:
-        """Take a RESULT addressed to this worker; returns whether it was new."""
+    def receive(self, h: Header, values: Buffer, now: float) -> bool:
+        """Take a RESULT addressed to this worker (``values``: its K big-endian int32); returns whether it was new."""
         p = self.params
         t = (h.chunk - self.first_id) & _U32
         if (h.type != PacketType.RESULT or h.job != p.job or h.generation != p.generation
                 or h.key != p.key or h.worker != p.worker or h.count != p.values_per_packet
-                or t not in self._outstanding or h.slot != self._slot[t] or h.copy != self._copy[t]):
+                or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
             return False  # a duplicate, a stale result, or not ours
         sent, retries, first = self._outstanding.pop(t)
-        self._done[t] = True
+        self._done[t] = 1
         self.n_done += 1
         self._agreed[t] = h.exponent
         if t >= self.rounds:
             d = t - self.rounds
             prev = self._prev(t)
-            self.payloads.decode(d, EXP_NONE if prev is None else int(self._agreed[prev]), values)
+            self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
         if retries == 0:
             self.window.on_result(now - sent)
         elif self.window.is_spurious(now - sent):
@@ -286,8 +293,7 @@ class Reduction:
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""
-        return [((self.first_id + t) & _U32, int(self._slot[t]), int(self._copy[t]))
-                for t in sorted(self._outstanding)]
+        return [((self.first_id + t) & _U32, *self._slot_copy(t)) for t in sorted(self._outstanding)]
 
     def _stall_error(self, now: float) -> Exception:
         waiting = self.pending()

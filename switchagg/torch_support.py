@@ -18,7 +18,7 @@ import torch
 
 from .codec import MAX_EXPONENT, MIN_EXPONENT, scale_shift
 from .errors import QuantizationError
-from .wire import EXP_NONE
+from .wire import EXP_NONE, VALUE_DTYPE, Buffer
 
 
 def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
@@ -94,10 +94,10 @@ class TorchPayloads:
         out[: q.numel()] = self._stage_np[: q.numel()]
         out[q.numel():] = 0
 
-    def decode(self, chunk: int, exponent: int, sums: np.ndarray) -> None:
+    def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]
         size = part.numel()
-        self._stage_np[:size] = sums[:size]  # big-endian wire -> native int32, pinned
+        self._stage_np[:size] = np.frombuffer(sums, VALUE_DTYPE, count=size)  # wire -> native int32, pinned
         values = self._stage[:size].to(self.device, non_blocking=True).float()
         part.copy_(_times_pow2(values, -scale_shift(exponent, self.n)))
         if self.device.type == "cuda":

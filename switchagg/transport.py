@@ -55,6 +55,7 @@ _MMSG_VIEW = np.dtype({
     "itemsize": ctypes.sizeof(_MMsgHdr)})
 _IOV_VIEW = np.dtype({"names": ["base", "len"], "formats": [np.uintp, np.uintp],
                       "offsets": [_IoVec.base.offset, _IoVec.len.offset], "itemsize": ctypes.sizeof(_IoVec)})
+_MMSG_SIZE = ctypes.sizeof(_MMsgHdr)
 _MAX_NAMES = 4096  # source addresses remembered; a sender forging many just empties the cache
 
 
@@ -141,15 +142,23 @@ class UdpSocket:
         self._names: dict[Address, tuple[ctypes.Array, int]] = {}
         self.out_rows = np.empty((batch, max_datagram), dtype=np.uint8)  # what send_rows sends
         if self.batched:
+            # Column views of the mmsghdr arrays, made once: numpy builds a new view per field access.
             self._svec, self._siov = self._vectors(self.out_rows, named=peer is None, parts=2)
-            self._smsg = np.frombuffer(self._svec, dtype=_MMSG_VIEW)
+            smsg = np.frombuffer(self._svec, dtype=_MMSG_VIEW)
+            self._sname, self._siovlen = smsg["name"], smsg["iovlen"]
             iov = np.frombuffer(self._siov, dtype=_IOV_VIEW)
             self._shead_len, self._svals, self._svals_len = iov["len"][0::2], iov["base"][1::2], iov["len"][1::2]
-            self._rvec, self._riov = self._vectors(self._rbuf, named=True)
-            self._rmsg = np.frombuffer(self._rvec, dtype=_MMSG_VIEW)
+            self._rows_size = 0  # the row size send_rows last laid out (0: send() changed the layout)
+            # A connected socket hears only its peer: no source addresses to read then.
+            self._rvec, self._riov = self._vectors(self._rbuf, named=peer is None)
+            rmsg = np.frombuffer(self._rvec, dtype=_MMSG_VIEW)
+            self._rnamelen, self._rlen = rmsg["namelen"], rmsg["len"]
             self._rnames = np.zeros((batch, 16), dtype=np.uint8)
-            self._rmsg["name"] = self._rnames.ctypes.data + 16 * np.arange(batch)
+            if peer is None:
+                rmsg["name"] = self._rnames.ctypes.data + 16 * np.arange(batch)
             self._addresses: dict[bytes, Address] = {}
+            self._fd = self.sock.fileno()
+            self._svec_at, self._rvec_at = ctypes.addressof(self._svec), ctypes.addressof(self._rvec)
 
     def _vectors(self, rows: np.ndarray, named: bool, parts: int = 1) -> tuple[ctypes.Array, ctypes.Array]:
         """mmsghdr and iovec arrays: message i has ``parts`` iovecs, the first pointing at row i of ``rows``."""
@@ -234,13 +243,14 @@ class UdpSocket:
         iovlen = [len(parts) for parts, _ in messages]
         if not set(iovlen) <= {1, 2}:
             raise ValueError("a message has one or two parts (header, values)")
-        self._smsg["iovlen"][:n] = iovlen
+        self._siovlen[:n] = iovlen
+        self._rows_size = 0
         keep = [parts[1] if len(parts) == 2 else b"" for parts, _ in messages]
         pointers: dict[int, int] = {}  # a result multicast to n workers is one array n times
         self._svals[:n] = [pointers.get(id(v)) or pointers.setdefault(id(v), _pointer(v)) for v in keep]
         self._svals_len[:n] = [len(v) if isinstance(v, bytes) else v.nbytes for v in keep]
         if self.peer is None:
-            self._smsg["name"][:n] = [self._name(addr) for _, addr in messages]
+            self._sname[:n] = [self._name(addr) for _, addr in messages]
         refused = self._sendmmsg(n)
         del keep  # the values buffers had to live until the kernel copied them
         return refused
@@ -254,8 +264,10 @@ class UdpSocket:
         if self.peer is None or not 0 <= n <= self.batch or size > self.max_datagram:
             raise ValueError("send_rows needs a connected socket, n <= batch and size <= max_datagram")
         if self.batched and n > 1:
-            self._shead_len[:n] = size
-            self._smsg["iovlen"][:n] = 1
+            if self._rows_size != size:  # lay every row out as one part of `size` bytes, once
+                self._shead_len[:] = size
+                self._siovlen[:] = 1
+                self._rows_size = size
             refused = self._sendmmsg(n)
         else:
             refused = self._send_plain([((self.out_rows[i, :size],), None) for i in range(n)])
@@ -265,10 +277,9 @@ class UdpSocket:
     def _sendmmsg(self, n: int) -> int:
         """sendmmsg the first ``n`` prepared messages; a refused one is skipped and counted."""
         done = refused = 0
-        fd = self.sock.fileno()
         while done < n:
             self.stats.send_calls += 1
-            sent = _LIBC.sendmmsg(fd, ctypes.addressof(self._svec) + done * ctypes.sizeof(_MMsgHdr), n - done, 0)
+            sent = _LIBC.sendmmsg(self._fd, self._svec_at + done * _MMSG_SIZE, n - done, 0)
             if sent < 0:
                 err = ctypes.get_errno()
                 if err not in _TRANSIENT and err != errno.EINTR:
@@ -323,11 +334,11 @@ class UdpSocket:
         return out
 
     def _recv_mmsg(self) -> list[tuple[memoryview, Address]]:
-        self._rmsg["namelen"] = 16
+        if self.peer is None:
+            self._rnamelen[:] = 16
         while True:
             self.stats.recv_calls += 1
-            got = _LIBC.recvmmsg(self.sock.fileno(), ctypes.addressof(self._rvec), self.batch,
-                                 socket.MSG_DONTWAIT, None)
+            got = _LIBC.recvmmsg(self._fd, self._rvec_at, self.batch, socket.MSG_DONTWAIT, None)
             if got >= 0:
                 break
             err = ctypes.get_errno()
@@ -336,17 +347,20 @@ class UdpSocket:
             if err not in _TRANSIENT and err != errno.EINTR:
                 raise OSError(err, f"recvmmsg failed: {errno.errorcode.get(err, err)}")
             self.stats.refused += err != errno.EINTR  # an ICMP error reported late: a loss
+        self.stats.received += got
+        view, size = self._rview, self.max_datagram
+        lengths = self._rlen[:got].tolist()
+        if self.peer is not None:
+            return [(view[i * size:i * size + length], self.peer) for i, length in enumerate(lengths)]
         names = self._rnames[:got].tobytes()
         known = self._addresses
         if len(known) > _MAX_NAMES:
             known.clear()
         out = []
-        view, size = self._rview, self.max_datagram
-        for i, length in enumerate(self._rmsg["len"][:got].tolist()):
+        for i, length in enumerate(lengths):
             raw = names[16 * i:16 * i + 16]
             addr = known.get(raw)
             if addr is None:
                 addr = known[raw] = _address(raw)
             out.append((view[i * size:i * size + length], addr))
-        self.stats.received += got
         return out

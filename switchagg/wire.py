@@ -63,6 +63,7 @@ _CODES = {(8, False): "B", (8, True): "b", (16, False): "H", (32, False): "I"}
 HEADER_STRUCT = struct.Struct(">" + "".join(_CODES[(f.bits, f.signed)] for f in FIELDS))
 HEADER_SIZE = HEADER_STRUCT.size
 VALUE_DTYPE = np.dtype(">i4")
+Buffer = bytes | bytearray | memoryview | np.ndarray  # a packet's values as they lie, K big-endian int32
 
 
 class Header(NamedTuple):

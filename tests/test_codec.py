@@ -153,7 +153,7 @@ def test_block_exponents_match_numpy(x, k):
 @given(hnp.arrays(np.int32, st.integers(1, 40)), hnp.arrays(np.int32, st.integers(1, 40)))
 def test_switch_add_wraps_like_int32(a, b):
     size = min(a.size, b.size)
-    acc = a[:size].copy()
+    acc = a[:size].astype(VALUE_DTYPE)
     _kernels.add_be(acc, b[:size].astype(VALUE_DTYPE))
     assert np.array_equal(acc, (a[:size].astype(np.int64) + b[:size]).astype(np.int32))
 
@@ -164,7 +164,7 @@ def test_kernels_refuse_buffers_that_do_not_fit():
     with pytest.raises(ValueError, match="cannot fill"):
         codec.dequantize(np.ones(4, VALUE_DTYPE), 1, 2, np.empty(8, np.float32))
     with pytest.raises(ValueError, match="added"):
-        _kernels.add_be(np.zeros(4, np.int32), np.zeros(3, VALUE_DTYPE))
+        _kernels.add_be(np.zeros(4, VALUE_DTYPE), np.zeros(3, VALUE_DTYPE))
     frozen = np.zeros(4, VALUE_DTYPE)
     frozen.setflags(write=False)
     with pytest.raises((BufferError, ValueError), match="read-only|not writable"):

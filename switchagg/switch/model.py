@@ -37,6 +37,7 @@ from .counters import GlobalDrop, JobCounter
 
 Address = tuple[str, int]
 STAGES = ("tag", "bitmap", "count", "exponent", "values")
+RESULTS_KEPT = 256  # results whose values stay valid (see Emit)
 _U32 = 0xFFFFFFFF
 
 
@@ -76,7 +77,13 @@ class JobEntry:
 
 
 class Emit(NamedTuple):
-    """A packet the switch sends: destination, header, and values (None for none)."""
+    """A packet the switch sends: destination, header, and values (None for none).
+
+    The values are a read-only snapshot that the model reuses after
+    :data:`RESULTS_KEPT` more results: send (or copy) them before then. A server
+    sends what a batch of at most that many packets emitted, and allocates nothing
+    per result.
+    """
 
     dst: Address
     header: Header
@@ -106,6 +113,7 @@ class SwitchModel:
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
+        self._results: dict[int, list] = {}  # K -> [RESULTS_KEPT result buffers, the next one]
 
     # ---- control plane -------------------------------------------------------------------------
 
@@ -227,11 +235,11 @@ class SwitchModel:
         if trace is not None:
             trace.append("exponent")
         # Stage 5, values: write, add (wrapping like int32 hardware) or read.
-        row = self.values[i]
+        row = self.values[i]  # kept in wire order, so a result goes out as it lies
         if outcome == TagOutcome.NEW:
             if row is None or row.size != values.size:
-                row = self.values[i] = np.empty(values.size, dtype=np.int32)
-            np.copyto(row, values)  # to native byte order, where numpy adds fastest
+                row = self.values[i] = np.empty(values.size, dtype=VALUE_DTYPE)
+            np.copyto(row, values)
         elif not repeat:
             _kernels.add_be(row, values)  # wraps modulo 2**32 like the hardware
         if trace is not None:
@@ -239,7 +247,7 @@ class SwitchModel:
         if not complete:
             counters[JobCounter.CONTRIBUTIONS] += 1
             return []
-        result = row.astype(VALUE_DTYPE)
+        result = self._snapshot(row)
         if repeat:
             counters[JobCounter.RESULTS_UNICAST] += 1
             return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), result)]
@@ -250,6 +258,19 @@ class SwitchModel:
         return [Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key, exponent,
                                  reserved, count), result)
                 for rank, dst in enumerate(job.workers)]
+
+    def _snapshot(self, row: np.ndarray) -> np.ndarray:
+        """A read-only copy of a result row, in the next buffer of a ring kept per K."""
+        ring = self._results.get(row.size)
+        if ring is None:
+            ring = self._results[row.size] = [np.empty((RESULTS_KEPT, row.size), dtype=VALUE_DTYPE), 0]
+        buffers, n = ring
+        ring[1] = (n + 1) % RESULTS_KEPT
+        out = buffers[n]
+        np.copyto(out, row)
+        view = out.view()
+        view.flags.writeable = False
+        return view
 
     def _drop(self, reason: GlobalDrop) -> list[Emit]:
         self.global_counters[reason] += 1

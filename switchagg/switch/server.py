@@ -12,10 +12,11 @@ import secrets
 import threading
 
 from ..config import Endpoint, JobConfig
+from ..errors import ConfigError
 from ..transport import UdpSocket
 from ..wire import UDP_PORT
 from .control import ControlServer
-from .model import JobEntry, SwitchModel
+from .model import RESULTS_KEPT, JobEntry, SwitchModel
 
 MAX_DATAGRAM = 65507
 
@@ -38,6 +39,8 @@ class SoftSwitch:
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
         self.model = SwitchModel(num_slots)
         self.lock = threading.Lock()
+        if not 1 <= batch <= RESULTS_KEPT:
+            raise ConfigError(f"batch = {batch}: the switch receives 1..{RESULTS_KEPT} packets at a time")
         self._batched, self._batch = batched, batch
         self._sock: UdpSocket | None = None
         self._thread: threading.Thread | None = None
@@ -95,7 +98,7 @@ class SoftSwitch:
                             head = emit.header.pack()
                             out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
                 if out:
-                    sock.send(out)
+                    sock.send(out)  # a batch emits at most `batch` results: their values are still valid
         except BaseException as exc:  # surfaced by counters() and the CLI rather than lost
             self.error = exc
             raise
