@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline uint32_t swap32(uint32_t v) {
@@ -30,14 +31,18 @@ static inline uint32_t load_u32(const unsigned char *p) {
 
 static inline void store_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 
-#ifdef __SSE2__
-#include <emmintrin.h>
-#define LANES 4
-/* gcc does not vectorise the mixed float/int loops below by itself, so x86 gets them written out;
- * the scalar loops after them do the last few values (and everything on other machines). */
-static inline __m128i swap32x4(__m128i v) {
-    __m128i t = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
-    return _mm_or_si128(_mm_slli_epi32(t, 16), _mm_srli_epi32(t, 16));
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* gcc does not vectorise these mixed float/int loops by itself, so x86 gets them written out for
+ * AVX2 (every x86-64 since 2013), chosen at run time; the scalar loops after them do the last few
+ * values, and everything on other machines. */
+#define LANES 8
+#define SIMD __attribute__((target("avx2")))
+static int use_simd;
+SIMD static inline __m256i swap32x8(__m256i v) {
+    const __m256i order = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                           3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    return _mm256_shuffle_epi8(v, order);
 }
 #else
 #define LANES 0
@@ -46,6 +51,40 @@ static inline __m128i swap32x4(__m128i v) {
 /* The codec multiplies by 2^shift in float32 where 2^shift is a float32 (as numpy does); beyond,
  * in two steps that are each exact for the values the protocol lets through. */
 static inline int fits_float(int shift) { return -126 <= shift && shift <= 127; }
+
+#if LANES
+/* Each returns how many values it did (a multiple of LANES); cvtps2dq rounds half to even (the
+ * default mode, which Python never changes), like lrintf. */
+SIMD static Py_ssize_t quantize_simd(const float *x, unsigned char *q, Py_ssize_t n, float first, float second) {
+    const __m256 a = _mm256_set1_ps(first), b = _mm256_set1_ps(second);
+    Py_ssize_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), a), b);
+        _mm256_storeu_si256((__m256i *)(q + 4 * i), swap32x8(_mm256_cvtps_epi32(v)));
+    }
+    return i;
+}
+
+SIMD static Py_ssize_t dequantize_simd(const unsigned char *s, float *y, Py_ssize_t n, float scale) {
+    const __m256 a = _mm256_set1_ps(scale);
+    Py_ssize_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256i v = swap32x8(_mm256_loadu_si256((const __m256i *)(s + 4 * i)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_cvtepi32_ps(v), a));
+    }
+    return i;
+}
+
+SIMD static Py_ssize_t add_be_simd(const unsigned char *s, unsigned char *acc, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        __m256i v = swap32x8(_mm256_loadu_si256((const __m256i *)(s + 4 * i)));
+        __m256i *dst = (__m256i *)(acc + 4 * i);
+        _mm256_storeu_si256(dst, swap32x8(_mm256_add_epi32(swap32x8(_mm256_loadu_si256(dst)), v)));
+    }
+    return i;
+}
+#endif
 
 static int get_buffers(PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
     if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
@@ -86,12 +125,8 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     const float second = fits_float(shift) ? 1.0f : ldexpf(1.0f, shift - 127);
     Py_ssize_t i = 0;
 #if LANES
-    const __m128 a = _mm_set1_ps(first), b = _mm_set1_ps(second);
-    for (; i + LANES <= n; i += LANES) {
-        __m128 v = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(x + i), a), b);
-        /* cvtps2dq rounds half to even (the default mode, which Python never changes) */
-        _mm_storeu_si128((__m128i *)(q + 4 * i), swap32x4(_mm_cvtps_epi32(v)));
-    }
+    if (use_simd)
+        i = quantize_simd(x, q, n, first, second);
 #endif
     for (; i < n; i++)
         store_u32(q + 4 * i, swap32((uint32_t)(int32_t)lrintf(x[i] * first * second)));
@@ -124,11 +159,8 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
     if (fits_float(-shift)) {
         const float scale = ldexpf(1.0f, -shift);
 #if LANES
-        const __m128 a = _mm_set1_ps(scale);
-        for (; i + LANES <= n; i += LANES) {
-            __m128i v = swap32x4(_mm_loadu_si128((const __m128i *)(s + 4 * i)));
-            _mm_storeu_ps(y + i, _mm_mul_ps(_mm_cvtepi32_ps(v), a));
-        }
+        if (use_simd)
+            i = dequantize_simd(s, y, n, scale);
 #endif
         for (; i < n; i++)
             y[i] = (float)(int32_t)swap32(load_u32(s + 4 * i)) * scale;
@@ -202,11 +234,8 @@ static PyObject *add_be(PyObject *self, PyObject *args) {
     unsigned char *acc = out.buf;
     Py_ssize_t i = 0, n = out.len / 4;
 #if LANES
-    for (; i + LANES <= n; i += LANES) {
-        __m128i v = swap32x4(_mm_loadu_si128((const __m128i *)(s + 4 * i)));
-        __m128i *dst = (__m128i *)(acc + 4 * i);
-        _mm_storeu_si128(dst, swap32x4(_mm_add_epi32(swap32x4(_mm_loadu_si128(dst)), v)));
-    }
+    if (use_simd)
+        i = add_be_simd(s, acc, n);
 #endif
     for (; i < n; i++)
         store_u32(acc + 4 * i, swap32(swap32(load_u32(acc + 4 * i)) + swap32(load_u32(s + 4 * i))));
@@ -228,4 +257,15 @@ static struct PyModuleDef module = {
     "One-pass loops of the block floating point codec and of the switch's adds.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+#if LANES
+    __builtin_cpu_init();
+    use_simd = __builtin_cpu_supports("avx2") && getenv("SWITCHAGG_NO_SIMD") == NULL;
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -3,6 +3,10 @@ kernels compute exactly the documented arithmetic (a plain numpy statement of it
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -169,3 +173,34 @@ def test_kernels_refuse_buffers_that_do_not_fit():
     frozen.setflags(write=False)
     with pytest.raises((BufferError, ValueError), match="read-only|not writable"):
         codec.quantize(np.ones(4, np.float32), 1, 2, frozen)
+
+
+_SCALAR_RUN = """
+import sys, numpy as np
+from switchagg import _kernels
+assert _kernels.SIMD == 0
+x = np.frombuffer(sys.stdin.buffer.read(), np.float32)
+q = np.empty(x.size + 3, ">i4")
+_kernels.quantize(x, q, 9)
+y = np.empty(2 * x.size, np.float32)
+_kernels.dequantize(q, y[:x.size], 9)
+_kernels.dequantize(q, y[x.size:], 140)
+acc = q.copy()
+_kernels.add_be(acc, q[::-1].copy())
+sys.stdout.buffer.write(q.tobytes() + y.tobytes() + acc.tobytes())
+"""
+
+
+def test_scalar_loops_agree_with_the_vector_ones():
+    """Machines without AVX2 run the scalar loops (SWITCHAGG_NO_SIMD=1 picks them here)."""
+    x = np.random.default_rng(3).standard_normal(1001).astype(np.float32) * 1000
+    run = subprocess.run([sys.executable, "-c", _SCALAR_RUN], input=x.tobytes(), capture_output=True,
+                         env={**os.environ, "SWITCHAGG_NO_SIMD": "1"}, check=True)
+    q = np.empty(x.size + 3, VALUE_DTYPE)
+    _kernels.quantize(x, q, 9)
+    y = np.empty(2 * x.size, np.float32)
+    _kernels.dequantize(q, y[:x.size], 9)
+    _kernels.dequantize(q, y[x.size:], 140)  # a scale that is no float32: the double path
+    acc = q.copy()
+    _kernels.add_be(acc, q[::-1].copy())
+    assert run.stdout == q.tobytes() + y.tobytes() + acc.tobytes()
