@@ -163,6 +163,8 @@ class Reduction:
         uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < self.rounds)
         copies[:] = (copies + uses) % 2
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
+        self._result = (PacketType.RESULT, params.worker, params.job, params.generation, params.key,
+                        params.values_per_packet)  # what a RESULT for this call carries
         self._done = bytearray(self.total)
         self.n_done = 0
         self._next = 0
@@ -210,10 +212,9 @@ class Reduction:
             nxt = data_chunk + p.slot_count
             proposal = self._proposals[nxt] if self._proposals is not None and nxt < self.n_chunks else EXP_NONE
         slot, copy = self._slot_copy(t)
-        header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=slot,
-                             copy=copy, chunk=(self.first_id + t) & _U32,
-                             generation=p.generation, key=p.key, exponent=proposal,
-                             count=p.values_per_packet)
+        header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=slot, copy=copy,
+                             chunk=(self.first_id + t) & _U32, generation=p.generation, key=p.key,
+                             exponent=proposal, count=p.values_per_packet)
         return Send(header, data_chunk, exponent_used)
 
     def encode(self, send: Send, out: np.ndarray) -> None:
@@ -243,10 +244,8 @@ class Reduction:
 
     def receive(self, h: Header, values: Buffer, now: float) -> bool:
         """Take a RESULT addressed to this worker (``values``: its K big-endian int32); returns whether it was new."""
-        p = self.params
         t = (h.chunk - self.first_id) & _U32
-        if (h.type != PacketType.RESULT or h.job != p.job or h.generation != p.generation
-                or h.key != p.key or h.worker != p.worker or h.count != p.values_per_packet
+        if ((h.type, h.worker, h.job, h.generation, h.key, h.count) != self._result
                 or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
             return False  # a duplicate, a stale result, or not ours
         sent, retries, first = self._outstanding.pop(t)
