@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from switchagg.errors import ConfigError
-from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
+from switchagg.switch.model import RESULTS_KEPT, STAGES, JobEntry, SwitchModel, chunk_is_newer
 from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 K = 4
@@ -72,6 +72,19 @@ def test_new_chunk_on_a_copy_resets_it(sw):
     sw.process(pkt(1, 9, [1] * K), src(1))
     out = sw.process(pkt(2, 9, [1] * K), src(2))
     assert decode(out[0])[1].tolist() == [3] * K
+
+
+def test_a_result_survives_later_packets_on_its_copy_until_sent(sw):
+    """A server sends a batch's emits after the batch: a newer chunk on the same copy must not change them."""
+    for w in range(2):
+        sw.process(pkt(w, 1, [5] * K), src(w))
+    out = sw.process(pkt(2, 1, [5] * K), src(2))
+    batch = [sw.process(pkt(w, 9, [w + 100] * K), src(w)) for w in range(3)]  # the copy reused, completed
+    assert out[0].values.tolist() == [15] * K and not out[0].values.flags.writeable
+    assert batch[-1][0].values.tolist() == [303] * K
+    again = [sw.process(pkt(w, 20 + r, [1] * K), src(w))[-1:] for r in range(RESULTS_KEPT - 2) for w in range(3)]
+    assert again[-1][0].values.tolist() == [3] * K
+    assert out[0].values.tolist() == [15] * K  # RESULTS_KEPT results on, and still intact
 
 
 def test_repeat_after_completion_gets_stored_result_unicast(sw):
