@@ -81,7 +81,7 @@ def allreduce_hook(state: SwitchAggState, bucket: dist.GradBucket) -> torch.futu
             future.set_result(result)
 
     try:
-        state.client.allreduce_async(tensor, op="mean").add_done_callback(finish)
+        state.client.allreduce_async(tensor, op="mean", out=tensor).add_done_callback(finish)  # in place
     except BaseException as exc:  # noqa: BLE001 - e.g. NaN in the gradient: backward raises it
         future.set_exception(exc)
     return future

@@ -36,7 +36,8 @@ def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, A
         back = torch.from_numpy(result).reshape(shape).to(device=device, dtype=dtype)
         if out is None:
             return back
-        out.copy_(back)
+        if out.data_ptr() != back.data_ptr():  # not already summed in place
+            out.copy_(back)
         return out
 
     return flat.contiguous().numpy(), restore, kind

@@ -101,6 +101,33 @@ def test_torch_tensors_keep_dtype_and_shape(make_job):
         assert torch.allclose(o.float(), exact, rtol=1e-2, atol=1e-2)
 
 
+def test_sums_in_place_and_into_an_overlapping_out(make_job):
+    """out=x sums in place (the DDP hook does); an out that overlaps x at an offset still gets the exact sum."""
+    torch = pytest.importorskip("torch")
+    cfg = make_job(3, k=128, slot_count=4)
+    xs = inputs(3, 5000, seed=7)
+    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
+
+    def work(rank):
+        with Client(cfg, rank) as c:
+            x = xs[rank].copy()
+            same = c.allreduce(x, out=x)
+            t = torch.from_numpy(xs[rank].copy())
+            same_t = c.allreduce(t, op="mean", out=t)
+            buf = np.zeros(5001, np.float32)
+            buf[1:] = xs[rank]
+            c.allreduce(buf[1:], out=buf[:-1])
+            return same is x and same_t is t, x, t.numpy(), buf[:-1]
+
+    for o in run_ranks(3, work):
+        assert not isinstance(o, BaseException), o
+        ok, x, mean, shifted = o
+        assert ok
+        assert np.max(np.abs(x - exact)) <= tolerance(xs, 3)
+        assert np.max(np.abs(mean - exact / 3)) <= tolerance(xs, 3) / 3 + 1e-6
+        assert np.max(np.abs(shifted - exact)) <= tolerance(xs, 3)
+
+
 def test_several_jobs_on_one_switch_are_isolated(make_job):
     a = make_job(3, job_id=1, slot_base=0, slot_count=4, k=256)
     b = make_job(2, job_id=2, slot_base=4, slot_count=4, k=128)
