@@ -55,7 +55,7 @@ def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int)
             out = np.empty_like(x)
             stats = _timed_calls(lambda: client.allreduce(x, out=out), reps)
             stats["backend"] = client.backend
-            stats["retransmissions"] = client.window.losses
+            stats["retransmissions"] = client.retransmissions
         queue.put((rank, "result", stats))
     except Exception:  # noqa: BLE001 - the parent reports it
         queue.put((rank, "error", traceback.format_exc()))
@@ -182,7 +182,7 @@ def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) 
     switch_cpu = None if not (before and after) else \
         tuple((b - a) / (reps + 1) for a, b in zip(before, after, strict=True))
     return {"wall": wall, "cpu": cpu, "system": system, "switch": switch_cpu, "backend": ours[0]["backend"],
-            "timeouts": sum(w["retransmissions"] for w in ours)}
+            "resent": sum(w["retransmissions"] for w in ours)}
 
 
 def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
@@ -214,7 +214,7 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
         ours = _measure_switchagg(workers, numel, reps, k, slots)
         line = (f"round {r}: switchagg {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} GiB/s), "
                 f"worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), "
-                f"timeouts {ours['timeouts']}")
+                f"resent {ours['resent']}")
         if ours["switch"]:
             line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
         print(line)

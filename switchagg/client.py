@@ -70,6 +70,7 @@ class Client:
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
         self._started = False
+        self.retransmissions = 0  # packets sent again after a timeout, over all calls
         self.generation: int | None = None
         self._failed: BaseException | None = None
         self._closing = False
@@ -246,6 +247,7 @@ class Client:
             raise type(exc)(str(exc) + self._diagnose(red)) from None
         finally:
             self._started = self._started or red.started
+            self.retransmissions += red.retransmissions
 
     def _send(self, red: Reduction) -> None:
         """Write the outbox's packets into the socket's send rows and send them, a batch at a time."""

@@ -286,7 +286,8 @@ class Reduction:
             entry = self._outstanding.get(t)
             if entry is None or entry[1] != retries:
                 continue
-            self.window.on_timeout(now)
+            if self.n_done:  # before a call's first result, silence means peers still on their way to it
+                self.window.on_timeout(now)
             self.retransmissions += 1
             self._send(t, now, retries + 1)
 

@@ -8,6 +8,7 @@ import pytest
 from switchagg import codec
 from switchagg.errors import JobNotStarted, StallError
 from switchagg.protocol import Window
+from switchagg.switch.model import SwitchModel
 
 from .simnet import Impairment, Job, SimNet, reduce_all
 
@@ -143,6 +144,25 @@ def test_window_paces_a_slow_switch():
     for w in net.workers.values():
         assert w.red.retransmissions <= 4
         assert w.sent <= w.red.total + 4
+
+
+def test_a_peer_late_to_the_call_costs_resends_not_the_window():
+    """Before its first result a call resends what times out (with backoff) but keeps its window:
+    the switch waits for a peer that has not reached this call yet, nothing was congested."""
+    job = Job(n=2, slots=8, k=16)
+    xs = data(2, 16 * 40)
+    net = SimNet(SwitchModel(16))
+    net.model.add_job(job.entry())
+    early, late = net.add_worker(job, 0), net.add_worker(job, 1)
+    early.window.cwnd = 8.0
+    net.start(early, xs[0])
+    net.run(until=0.5)
+    assert early.red.retransmissions >= 8 and early.window.cwnd == 8.0
+    net.start(late, xs[1])
+    net.run()
+    assert early.red.done and late.red.done
+    check_bound([early.out, late.out], xs, job)
+    assert early.window.cwnd >= 8.0
 
 
 def test_spurious_timeout_is_undone():
