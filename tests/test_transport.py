@@ -88,3 +88,27 @@ def test_mixed_batch_to_several_receivers_arrives_exact(batched):
         want = [b"".join(bytes(x) if isinstance(x, bytes) else x.tobytes() for x in p)
                 for p, addr in msgs if addr == rx_addr]
         assert got[rx_addr] == want * 3
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_rows_written_in_place_go_out_as_written_between_ordinary_sends(batched):
+    """send_rows (the client's path) and send (the switch's) share the send buffers: each lays them out anew."""
+    with UdpSocket(("127.0.0.1", 0), batched=batched) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched, max_datagram=64) as tx:
+        want = []
+        for r in range(3):
+            for i in range(5):
+                tx.out_rows[i, :40] = 10 * r + i
+            assert tx.send_rows(5, 40) == 0
+            assert tx.send([((b"hd", np.arange(r + 1, dtype=">i4")), None)] * 2) == 0
+            want += [bytes([10 * r + i]) * 40 for i in range(5)]
+            want += [b"hd" + np.arange(r + 1, dtype=">i4").tobytes()] * 2
+        assert tx.send_rows(1, 7) == 0  # one row: a plain send
+        want.append(bytes(tx.out_rows[0, :7]))
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < len(want) and time.monotonic() < deadline:
+            got += [bytes(v) for v, _ in rx.recv(0.5)]
+        with pytest.raises(ValueError, match="connected"):
+            rx.send_rows(1, 8)
+    assert got == want
