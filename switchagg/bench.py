@@ -193,7 +193,7 @@ def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
 
 def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 16000, slots: int = 16,
               rounds: int = 3, gloo: bool = True) -> int:
-    """Measure switchagg and gloo back to back, ``rounds`` times, and print the median of each round's ratios.
+    """Measure switchagg and gloo back to back, ``rounds`` times; print the median of the rounds' ratios.
 
     Back to back, because the speed of a shared machine drifts over a minute by more
     than the difference being measured; the ratio of two neighbouring runs drifts less.
@@ -202,7 +202,7 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
     nbytes = numel * 4
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
     print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), {rounds} rounds of switchagg "
-          f"then gloo, each a warm-up + {reps} calls (median); cores here: {os.cpu_count()}")
+          f"and gloo back to back, each a warm-up + {reps} calls (median); cores here: {os.cpu_count()}")
     if gloo:
         try:
             import torch  # noqa: F401
@@ -211,15 +211,18 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
             gloo = False
     speed, cpu_ratio = [], []
     for r in range(1, rounds + 1):
+        # Alternate which side goes first, so that neither always inherits the other's leftovers.
+        base = _measure_gloo(workers, numel, reps) if gloo and r % 2 == 0 else None
         ours = _measure_switchagg(workers, numel, reps, k, slots)
+        if gloo and base is None:
+            base = _measure_gloo(workers, numel, reps)
         line = (f"round {r}: switchagg {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} GiB/s), "
                 f"worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), "
                 f"resent {ours['resent']}")
         if ours["switch"]:
             line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
         print(line)
-        if gloo:
-            base = _measure_gloo(workers, numel, reps)
+        if base is not None:
             print(f"round {r}: gloo {base['wall'] * 1e3:.1f} ms ({nbytes / base['wall'] / 2**30:.3f} GiB/s), "
                   f"worker CPU {base['cpu']:.2f} s/GiB ({base['system']:.2f} in the kernel)")
             speed.append(base["wall"] / ours["wall"])
