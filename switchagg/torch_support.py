@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .codec import MAX_EXPONENT, MIN_EXPONENT, scale_shift
+from .codec import MAX_EXPONENT, MIN_EXPONENT, encode_int32, scale_shift
 from .errors import QuantizationError
 from .wire import EXP_NONE, VALUE_DTYPE, Buffer
 
@@ -92,8 +92,7 @@ class TorchPayloads:
         block = self.flat[chunk * self.k:(chunk + 1) * self.k]
         q = torch.round(_times_pow2(block, scale_shift(exponent, self.n))).to(torch.int32)
         self._stage[: q.numel()].copy_(q)  # device -> pinned host, synchronous
-        out[: q.numel()] = self._stage_np[: q.numel()]
-        out[q.numel():] = 0
+        encode_int32(self._stage_np[: q.numel()], out)
 
     def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]
