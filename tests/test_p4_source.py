@@ -49,8 +49,11 @@ def test_constants_match():
     for d in GlobalDrop:
         assert c[f"SA_DROP_{d.name}"] == d.value
     assert c["SA_NUM_GLOBAL_DROPS"] == len(GlobalDrop)
-    for j in JobCounter:
-        assert c[f"SA_JOB_{j.name}"] == j.value
-    assert c["SA_NUM_JOB_COUNTERS"] == len(JobCounter)
     assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
     assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
+
+
+def test_one_counter_array_per_job_counter():
+    text = (P4 / "v1model" / "main.p4").read_text()
+    arrays = re.findall(r"counter\(SA_MAX_JOBS, CounterType\.packets\)\s+job_(\w+);", text)
+    assert arrays == [j.name.lower() for j in JobCounter]

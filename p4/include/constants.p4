@@ -25,22 +25,8 @@ const bit<32> SA_DROP_BAD_VERSION = 1;
 const bit<32> SA_DROP_NOT_ADMITTED = 2;
 #define SA_NUM_GLOBAL_DROPS 3
 
-/* Per-job counters: index = job_index * SA_NUM_JOB_COUNTERS + counter. */
-const bit<32> SA_JOB_CONTRIBUTIONS = 0;
-const bit<32> SA_JOB_RESULTS_MULTICAST = 1;
-const bit<32> SA_JOB_RESULTS_UNICAST = 2;
-const bit<32> SA_JOB_PROBES = 3;
-const bit<32> SA_JOB_WRONG_GENERATION = 4;
-const bit<32> SA_JOB_SLOT_OUT_OF_RANGE = 5;
-const bit<32> SA_JOB_BAD_COUNT = 6;
-const bit<32> SA_JOB_STALE = 7;
-const bit<32> SA_JOB_DUPLICATE_PENDING = 8;
-#define SA_NUM_JOB_COUNTERS 9
-
-/* Tag stage outcome. */
-const bit<2> SA_TAG_NEW = 0;
-const bit<2> SA_TAG_SAME = 1;
-const bit<2> SA_TAG_STALE = 2;
+/* Per-job counters: one counter array per event (switchagg.switch.counters.JobCounter), indexed by
+ * the job's index, so that counting needs no index arithmetic. */
 
 /* Multicast group that floods ordinary broadcast traffic (ARP); job groups are job_index + 1. */
 const bit<16> SA_FLOOD_GROUP = 1000;

@@ -11,16 +11,13 @@ header ethernet_h {
     bit<16>    ether_type;
 }
 
+/* IPv4 in the fields switchagg reads or writes, the rest grouped: BMv2 pays per field on every
+ * extract, emit, copy and checksum, not per bit. The bytes are the usual 20-byte header. */
 header ipv4_h {
-    bit<4>      version;
-    bit<4>      ihl;
-    bit<8>      diffserv;
+    bit<16>     version_ihl_diffserv;  /* version [15:12], ihl [11:8], DSCP/ECN [7:0] */
     bit<16>     total_len;
-    bit<16>     identification;
-    bit<3>      flags;
-    bit<13>     frag_offset;
-    bit<8>      ttl;
-    bit<8>      protocol;
+    bit<32>     id_flags_frag;         /* identification [31:16], flags [15:13], fragment offset [12:0] */
+    bit<16>     ttl_protocol;          /* TTL [15:8], protocol [7:0] */
     bit<16>     hdr_checksum;
     ipv4_addr_t src_addr;
     ipv4_addr_t dst_addr;

@@ -2,7 +2,11 @@
  * tag -> bitmap -> count -> exponent -> values, each register read-modify-written at most once, in
  * one action, and each stage deciding only from the packet and earlier stages -- what a Tofino
  * stateful ALU can do, so the TNA port is a translation. Registers are indexed by
- * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed. */
+ * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed.
+ *
+ * Each stage sets its outcome flags once and makes its choices with masks ((bit<N>)flag - 1 is all
+ * ones when the flag is 0): BMv2 pays per field assignment, and p4c spills nested conditionals into
+ * temporaries (docs/protocol.md, section 8). */
 
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
@@ -11,49 +15,47 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
     register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
     register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
     register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
-    register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
+    register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent, offset binary (int8 + 128) */
     register<bit<2048>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
-    /* Stage 1: is the chunk new to the copy (older chunk, other generation, or empty), the one it
-     * holds, or older (serial-number order on 32-bit ids: newer within half the space)? */
+    /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
+     * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
+     * chunk changes the tag. */
     action tag_stage() {
         bit<64> stored;
         tag.read(stored, meta.idx);
-        bit<32> diff = hdr.sa.chunk - stored[31:0];
-        bool other_generation = stored[63:32] != hdr.sa.generation;
-        bool newer = diff != 0 && diff[31:31] == 0;
-        meta.tag = (other_generation || newer) ? SA_TAG_NEW : (diff == 0 ? SA_TAG_SAME : SA_TAG_STALE);
-        tag.write(meta.idx, meta.tag == SA_TAG_NEW ? hdr.sa.generation ++ hdr.sa.chunk : stored);
+        meta.fresh = (stored[63:32] != hdr.sa.generation || hdr.sa.chunk - stored[31:0] - 1 < 0x7fffffff) ? 1w1 : 1w0;
+        meta.stale = (meta.fresh == 0 && hdr.sa.chunk != stored[31:0]) ? 1w1 : 1w0;
+        tag.write(meta.idx, meta.fresh == 1 ? hdr.sa.generation ++ hdr.sa.chunk : stored);
     }
 
-    /* Stage 2: set this worker's bit; a bit already set means a repeat. */
+    /* Stage 2: set this worker's bit (on a fresh chunk, in an empty bitmap); a bit already set
+     * means a repeat. */
     action bitmap_stage() {
         bit<32> old;
         bitmap.read(old, meta.idx);
-        bit<32> base = meta.tag == SA_TAG_NEW ? 32w0 : old;
-        bit<32> wbit = 32w1 << hdr.sa.worker;
-        meta.seen = (base & wbit) == 0 ? 1w0 : 1w1;
-        bitmap.write(meta.idx, base | wbit);
+        meta.seen = (bit<1>)((old & ((bit<32>)meta.fresh - 1)) >> hdr.sa.worker);
+        bitmap.write(meta.idx, (old & ((bit<32>)meta.fresh - 1)) | (32w1 << hdr.sa.worker));
     }
 
-    /* Stage 3: first write resets to 1, a new worker increments, a repeat only reads. */
+    /* Stage 3: a fresh chunk counts 1, a new worker adds 1, a repeat adds 0. */
     action count_stage() {
         bit<8> c;
         count.read(c, meta.idx);
-        c = meta.tag == SA_TAG_NEW ? 8w1 : (meta.seen == 1 ? c : c + 1);
-        count.write(meta.idx, c);
-        meta.count = c;
+        meta.count = (c & ((bit<8>)meta.fresh - 1)) + (bit<8>)(~meta.seen);
+        count.write(meta.idx, meta.count);
     }
 
-    /* Stage 4: signed max of the exponents proposed for the slot's next chunk. */
+    /* Stage 4: signed max of the exponents proposed for the slot's next chunk. Kept in offset
+     * binary (int8 + 128), where the unsigned max is the signed max and 0 is the smallest: a fresh
+     * chunk forgets the stored value and a repeat proposes nothing, both by masking to 0. The
+     * packet's exponent field carries the new value on (offset binary until a result is sent). */
     action exponent_stage() {
         bit<8> e;
         exponent.read(e, meta.idx);
-        bit<8> mine = hdr.sa.exponent;
-        bit<8> larger = (mine ^ 8w0x80) > (e ^ 8w0x80) ? mine : e;  /* signed compare, unsigned ALU */
-        e = meta.tag == SA_TAG_NEW ? mine : (meta.seen == 1 ? e : larger);
-        exponent.write(meta.idx, e);
-        meta.exponent = e;
+        hdr.sa.exponent = ((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) > (e & ((bit<8>)meta.fresh - 1))
+                          ? (hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1) : e & ((bit<8>)meta.fresh - 1);
+        exponent.write(meta.idx, hdr.sa.exponent);
     }
 
     /* Stage 5, values: one of three actions on the register, chosen by the earlier stages (on Tofino,
@@ -61,7 +63,7 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
      * writes its values, a repeat of a finished round reads the sums, any other contribution adds.
      * The add is 64 independent 32-bit adds (modulo 2^32, no carry between values): add the low 31
      * bits of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and
-     * the carry into it. The packet carries the register's new content onward. */
+     * the carry into it. The sum goes into the packet, and from there into the register. */
     action values_write() {
         values.write(meta.idx, hdr.vals.values);
     }
@@ -73,22 +75,19 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
     action values_add() {
         bit<2048> v;
         values.read(v, meta.idx);
-        bit<2048> p = hdr.vals.values;
-        v = ((v & ~SA_VALUE_TOPS) + (p & ~SA_VALUE_TOPS)) ^ ((v ^ p) & SA_VALUE_TOPS);
-        values.write(meta.idx, v);
-        hdr.vals.values = v;
+        hdr.vals.values = ((v & ~SA_VALUE_TOPS) + (hdr.vals.values & ~SA_VALUE_TOPS))
+                          ^ ((v ^ hdr.vals.values) & SA_VALUE_TOPS);
+        values.write(meta.idx, hdr.vals.values);
     }
 
     apply {
-        meta.idx = (((bit<32>)meta.slot_base + (bit<32>)hdr.sa.slot) << 1)
-                   | (bit<32>)(hdr.sa.flags & SA_FLAG_COPY);
         tag_stage();
-        if (meta.tag != SA_TAG_STALE) {
+        if (meta.stale == 0) {
             bitmap_stage();
             count_stage();
             if (meta.seen == 0 || meta.count == meta.n_workers) {
                 exponent_stage();
-                if (meta.tag == SA_TAG_NEW) {
+                if (meta.fresh == 1) {
                     values_write();
                 } else if (meta.seen == 1) {
                     values_read();

@@ -22,12 +22,14 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
     }
 
     apply {
-        if (meta.multicast == 1) {
-            if (!replica.apply().hit) {
+        if (std.instance_type == PKT_INSTANCE_TYPE_REPLICATION) {
+            if (hdr.sa.isValid()) {  /* only a finished sum is a replicated switchagg packet */
+                if (!replica.apply().hit) {
+                    mark_to_drop(std);
+                }
+            } else if (std.egress_port == std.ingress_port) {
                 mark_to_drop(std);
             }
-        } else if (std.instance_type == PKT_INSTANCE_TYPE_REPLICATION && std.egress_port == std.ingress_port) {
-            mark_to_drop(std);
         }
     }
 }

@@ -16,7 +16,16 @@
 
 control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
     counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
-    counter(SA_MAX_JOBS * SA_NUM_JOB_COUNTERS, CounterType.packets) job_counters;
+    /* per job: one array per JobCounter, named after it */
+    counter(SA_MAX_JOBS, CounterType.packets) job_contributions;
+    counter(SA_MAX_JOBS, CounterType.packets) job_results_multicast;
+    counter(SA_MAX_JOBS, CounterType.packets) job_results_unicast;
+    counter(SA_MAX_JOBS, CounterType.packets) job_probes;
+    counter(SA_MAX_JOBS, CounterType.packets) job_wrong_generation;
+    counter(SA_MAX_JOBS, CounterType.packets) job_slot_out_of_range;
+    counter(SA_MAX_JOBS, CounterType.packets) job_bad_count;
+    counter(SA_MAX_JOBS, CounterType.packets) job_stale;
+    counter(SA_MAX_JOBS, CounterType.packets) job_duplicate_pending;
     Admission() admission;
     Aggregation() aggregation;
     Forwarding() forwarding;
@@ -25,11 +34,29 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         global_drops.count(reason);
         mark_to_drop(std);
     }
-    action job_count(bit<32> what) {
-        job_counters.count((bit<32>)meta.job_index * SA_NUM_JOB_COUNTERS + what);
+    /* A contribution counted into a sum that is not finished yet: nothing to send. */
+    action counted() {
+        job_contributions.count(meta.job_index);
+        mark_to_drop(std);
     }
-    action drop_job(bit<32> what) {
-        job_count(what);
+    action drop_duplicate_pending() {
+        job_duplicate_pending.count(meta.job_index);
+        mark_to_drop(std);
+    }
+    action drop_stale() {
+        job_stale.count(meta.job_index);
+        mark_to_drop(std);
+    }
+    action drop_wrong_generation() {
+        job_wrong_generation.count(meta.job_index);
+        mark_to_drop(std);
+    }
+    action drop_slot_out_of_range() {
+        job_slot_out_of_range.count(meta.job_index);
+        mark_to_drop(std);
+    }
+    action drop_bad_count() {
+        job_bad_count.count(meta.job_index);
         mark_to_drop(std);
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to). */
@@ -44,87 +71,80 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.udp.src_port = SA_UDP_PORT;
         hdr.udp.checksum = 0;
         std.egress_spec = std.ingress_port;
+        std.mcast_grp = 0;
     }
-    /* To every worker of the job: egress fills in each replica's destination. */
+    /* A finished sum to every worker of the job (admission set the multicast group): egress fills in
+     * each replica's destination. */
     action result_to_all() {
+        job_contributions.count(meta.job_index);
+        job_results_multicast.count(meta.job_index);
+        hdr.sa.type = SA_TYPE_RESULT;
+        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;  /* from offset binary */
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = SA_UDP_PORT;
         hdr.udp.checksum = 0;
-        std.mcast_grp = meta.mcast_grp;
-        meta.multicast = 1;
+    }
+    /* The stored sum back to a worker that sent its contribution again. */
+    action result_to_sender() {
+        job_results_unicast.count(meta.job_index);
+        hdr.sa.type = SA_TYPE_RESULT;
+        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;  /* from offset binary */
+        reply_to_sender();
+    }
+    action probe_reply() {
+        job_probes.count(meta.job_index);
+        hdr.sa.type = SA_TYPE_PROBE_REPLY;
+        hdr.sa.generation = meta.generation;
+        reply_to_sender();
     }
 
+    /* The same checks, with the same outcome for every packet, as SwitchModel.process. The common
+     * case (a well-formed, admitted contribution of the current generation) is tested first, with one
+     * condition per step, and the drop reasons are told apart only off that path: BMv2 pays per
+     * condition and per table applied, and an early `return` would add a flag test after every step. */
     apply {
-        if (meta.is_sa == 0) {
+        if (!hdr.udp.isValid() || hdr.udp.dst_port != SA_UDP_PORT) {
             forwarding.apply(hdr, std);
-            return;
-        }
-        /* The same checks, in the same order, as SwitchModel.process. */
-        if (!hdr.sa.isValid()) {
-            drop_global(SA_DROP_MALFORMED);
-            return;
-        }
-        if (hdr.sa.version != SA_VERSION) {
-            drop_global(SA_DROP_BAD_VERSION);
-            return;
-        }
-        bool length_ok = hdr.udp.length == 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
-                         && hdr.ipv4.total_len == 20 + hdr.udp.length;
-        if (std.parser_error != error.NoError || !length_ok
+        } else if (!hdr.sa.isValid() || hdr.sa.version != SA_VERSION) {
+            drop_global(hdr.sa.isValid() ? SA_DROP_BAD_VERSION : SA_DROP_MALFORMED);
+        } else if (std.parser_error != error.NoError
+                || hdr.udp.length != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
+                || hdr.ipv4.total_len != 20 + hdr.udp.length
                 || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
                 || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
                 || hdr.sa.worker >= SA_MAX_WORKERS
                 || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
             drop_global(SA_DROP_MALFORMED);
-            return;
-        }
-        admission.apply(hdr, meta);
-        if (meta.admitted == 0) {
-            drop_global(SA_DROP_NOT_ADMITTED);
-            return;
-        }
-        if (hdr.sa.type == SA_TYPE_PROBE) {
-            job_count(SA_JOB_PROBES);
-            hdr.sa.type = SA_TYPE_PROBE_REPLY;
-            hdr.sa.generation = meta.generation;
-            reply_to_sender();
-            return;
-        }
-        if (hdr.sa.generation != meta.generation) {
-            drop_job(SA_JOB_WRONG_GENERATION);
-            return;
-        }
-        if (hdr.sa.slot >= meta.slot_count) {
-            drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
-            return;
-        }
-        if (hdr.sa.count != SA_VALUES) {
-            drop_job(SA_JOB_BAD_COUNT);
-            return;
-        }
-        aggregation.apply(hdr, meta);
-        if (meta.tag == SA_TAG_STALE) {
-            drop_job(SA_JOB_STALE);
-            return;
-        }
-        if (meta.seen == 1 && meta.count != meta.n_workers) {
-            drop_job(SA_JOB_DUPLICATE_PENDING);
-            return;
-        }
-        if (meta.count != meta.n_workers) {
-            drop_job(SA_JOB_CONTRIBUTIONS);  /* counted into the sum; nothing to send yet */
-            return;
-        }
-        hdr.sa.type = SA_TYPE_RESULT;
-        hdr.sa.exponent = meta.exponent;
-        if (meta.seen == 1) {
-            job_count(SA_JOB_RESULTS_UNICAST);
-            reply_to_sender();
         } else {
-            job_count(SA_JOB_CONTRIBUTIONS);
-            job_count(SA_JOB_RESULTS_MULTICAST);
-            result_to_all();
+            admission.apply(hdr, meta, std);
+            if (meta.n_workers == 0) {
+                drop_global(SA_DROP_NOT_ADMITTED);
+            } else if (hdr.sa.type == SA_TYPE_CONTRIB && hdr.sa.generation == meta.generation
+                       && hdr.sa.slot < meta.slot_count && hdr.sa.count == SA_VALUES) {
+                aggregation.apply(hdr, meta);
+                if (meta.stale == 1) {
+                    drop_stale();
+                } else if (meta.count != meta.n_workers) {
+                    if (meta.seen == 1) {
+                        drop_duplicate_pending();
+                    } else {
+                        counted();
+                    }
+                } else if (meta.seen == 1) {
+                    result_to_sender();
+                } else {
+                    result_to_all();
+                }
+            } else if (hdr.sa.type == SA_TYPE_PROBE) {
+                probe_reply();
+            } else if (hdr.sa.generation != meta.generation) {
+                drop_wrong_generation();
+            } else if (hdr.sa.slot >= meta.slot_count) {
+                drop_slot_out_of_range();
+            } else {
+                drop_bad_count();
+            }
         }
     }
 }

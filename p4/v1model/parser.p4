@@ -11,8 +11,10 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
     }
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
-        transition select(hdr.ipv4.ihl, hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
-            (5, 0, 17): parse_udp;
+        /* ihl 5, fragment offset 0, protocol UDP; masks rather than slices, which p4c would copy
+         * into temporaries first */
+        transition select(hdr.ipv4.version_ihl_diffserv, hdr.ipv4.id_flags_frag, hdr.ipv4.ttl_protocol) {
+            (0x0500 &&& 0x0f00, 0 &&& 0x1fff, 17 &&& 0xff): parse_udp;
             default: accept;
         }
     }
@@ -24,7 +26,6 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
         }
     }
     state parse_sa {
-        meta.is_sa = 1;
         pkt.extract(hdr.sa);  /* too short: parser_error is set and ingress counts it malformed */
         transition select(hdr.sa.count) {
             SA_VALUES: parse_values;
@@ -44,9 +45,8 @@ control SaVerifyChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
 control SaComputeChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply {
         update_checksum(hdr.ipv4.isValid(),
-            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.total_len,
-              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.frag_offset, hdr.ipv4.ttl,
-              hdr.ipv4.protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            { hdr.ipv4.version_ihl_diffserv, hdr.ipv4.total_len, hdr.ipv4.id_flags_frag,
+              hdr.ipv4.ttl_protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
             hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
     }
 }

@@ -240,6 +240,5 @@ def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[s
                 "generation": _param(entries[0], "generation"), "slot_base": _param(entries[0], "slot_base"),
                 "slot_count": _param(entries[0], "slot_count"), "workers": [None] * len(entries)}
             status["counters"]["jobs"][str(job)] = {
-                c.name.lower(): _counter(sh, "SaIngress.job_counters", index * len(JobCounter) + c)
-                for c in JobCounter}
+                c.name.lower(): _counter(sh, f"SaIngress.job_{c.name.lower()}", index) for c in JobCounter}
         return status
