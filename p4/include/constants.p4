@@ -25,9 +25,6 @@ const bit<32> SA_DROP_BAD_VERSION = 1;
 const bit<32> SA_DROP_NOT_ADMITTED = 2;
 #define SA_NUM_GLOBAL_DROPS 3
 
-/* Per-job counters: one counter array per event (switchagg.switch.counters.JobCounter), indexed by
- * the job's index, so that counting needs no index arithmetic. */
-
 /* Multicast group that floods ordinary broadcast traffic (ARP); job groups are job_index + 1. */
 const bit<16> SA_FLOOD_GROUP = 1000;
 

@@ -16,7 +16,8 @@
 
 control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
     counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
-    /* per job: one array per JobCounter, named after it */
+    /* Per job: one array per event of switchagg.switch.counters.JobCounter, named after it and indexed
+     * by the job's index, so that counting needs no index arithmetic. */
     counter(SA_MAX_JOBS, CounterType.packets) job_contributions;
     counter(SA_MAX_JOBS, CounterType.packets) job_results_multicast;
     counter(SA_MAX_JOBS, CounterType.packets) job_results_unicast;
