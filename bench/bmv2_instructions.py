@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bmv2_vs_forwarding import SLOTS, forwarding_pipeline, frames_for  # noqa: E402
+from bmv2_vs_forwarding import SLOTS, deepen_queues, deploy_forwarding, forwarding_pipeline, frames_for  # noqa: E402
 
 from switchagg.config import Endpoint, JobConfig, WorkerSpec  # noqa: E402
 from switchagg.control import bmv2  # noqa: E402
@@ -98,13 +98,8 @@ def run(program: str, n: int, folder: Path, wait: float, grpc_port: int, thrift_
         if program == "switchagg":
             bmv2.deploy(cfg, addr, pipeline=str(ROOT / "build" / "p4"))
         else:
-            with bmv2.P4RuntimeSession(addr, 0, forwarding) as sh:
-                entry = sh.TableEntry("FwdIngress.l2")(action="FwdIngress.to_port")
-                entry.match["hdr.ethernet.dst"] = SWITCH.switch_mac
-                entry.action["port"] = "1"
-                entry.insert()
-        subprocess.run([find_tool("simple_switch_CLI"), "--thrift-port", str(thrift_port)],
-                       input="set_queue_depth 100000\n", capture_output=True, text=True, check=True)
+            deploy_forwarding(addr, SWITCH.switch_mac, forwarding)
+        deepen_queues(thrift_port, depth=n)
         if time.monotonic() - started > wait:
             raise RuntimeError(f"configuring BMv2 under valgrind took over {wait:.0f} s: raise --wait")
         deadline = started + wait + n * SPACING * 4 + 120
@@ -147,7 +142,7 @@ def main() -> int:
         print(f"cannot run: needs root and {', '.join(missing) or 'nothing else'} (valgrind: apt install valgrind)",
               file=sys.stderr)
         return 2
-    build(ROOT / "build" / "p4")
+    build(ROOT / "build" / "p4")  # before the runs, which deploy it side by side
     fwd = forwarding_pipeline()
     counts = {"switchagg": (args.frames // 3, args.frames), "forwarding": (args.frames // 3, args.frames)}
     per_frame: dict[str, float] = {}

@@ -119,10 +119,19 @@ def measure(bed: TestBed, stream, receivers: list[int], seconds: float,
     return statistics.median(offered), done / busy, sent, done
 
 
-def deepen_queues(bed: TestBed, depth: int = 1024) -> None:
+def deepen_queues(thrift_port: int, depth: int = 1024) -> None:
     """Egress queues of ``depth`` frames (BMv2 drops beyond 64 per port): a burst is measured, not dropped."""
-    subprocess.run([find_tool("simple_switch_CLI"), "--thrift-port", str(bed.thrift_port)],
+    subprocess.run([find_tool("simple_switch_CLI"), "--thrift-port", str(thrift_port)],
                    input=f"set_queue_depth {depth}\n", capture_output=True, text=True, check=True)
+
+
+def deploy_forwarding(grpc_addr: str, mac: str, pipeline: Pipeline | None = None) -> None:
+    """The baseline's one lookup: frames to ``mac`` leave by port 1 (``pipeline`` pushed first if given)."""
+    with bmv2.P4RuntimeSession(grpc_addr, 0, pipeline) as sh:
+        entry = sh.TableEntry("FwdIngress.l2")(action="FwdIngress.to_port")
+        entry.match["hdr.ethernet.dst"] = mac
+        entry.action["port"] = "1"
+        entry.insert()
 
 
 def allreduce_rate(binary: str, size: int = 1 << 18, rounds: int = 4) -> list[str]:
@@ -132,7 +141,7 @@ def allreduce_rate(binary: str, size: int = 1 << 18, rounds: int = 4) -> list[st
         cfg = bed.job([0, 1], job_id=9, slot_count=SLOTS)
         path = cfg.write(Path(tmp) / "job.toml")
         bmv2.deploy(cfg, bed.grpc_addr)
-        deepen_queues(bed)
+        deepen_queues(bed.thrift_port)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         procs = [bed.exec(r, [sys.executable, "-m", "switchagg", "worker", "--config", str(path), "--rank", str(r),
                               "--size", str(size), "--rounds", str(rounds)], env=env, cwd=ROOT,
@@ -173,13 +182,9 @@ def main() -> int:
             TestBed(3, prefix="saf", subnet=75, host_ips=False, pipeline=fwd_pipe, switch_binary=binary) as fwd_bed:
         cfg = agg_bed.job([1, 2], job_id=9, slot_count=SLOTS)
         agg_stream = frames_for(agg_bed, cfg, bmv2.deploy(cfg, agg_bed.grpc_addr))
-        deepen_queues(agg_bed)
-        with bmv2.P4RuntimeSession(fwd_bed.grpc_addr) as sh:  # the one lookup: the frames' MAC -> port 1
-            entry = sh.TableEntry("FwdIngress.l2")(action="FwdIngress.to_port")
-            entry.match["hdr.ethernet.dst"] = fwd_bed.switch_mac
-            entry.action["port"] = "1"
-            entry.insert()
-        deepen_queues(fwd_bed)
+        deepen_queues(agg_bed.thrift_port)
+        deploy_forwarding(fwd_bed.grpc_addr, fwd_bed.switch_mac)
+        deepen_queues(fwd_bed.thrift_port)
         fwd_stream = frames_for(fwd_bed, fwd_bed.job([1, 2], job_id=9, slot_count=SLOTS), 1)
         agg, fwd = [], []
         for r in range(args.rounds):
