@@ -7,6 +7,7 @@ simple_switch_grpc (required where CI found them).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 
@@ -15,6 +16,7 @@ import pytest
 
 from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
+from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.wire import EXP_NONE, PacketType, make_header
 
@@ -93,9 +95,21 @@ def diff():
         d.deploy(bed.job(list(range(8)), job_id=1, slot_base=0, slot_count=8))
         d.deploy(bed.job([0, 1], job_id=2, slot_base=8, slot_count=4, port_base=41000))
         d.deploy(bed.job([2, 3, 4, 5, 6], job_id=3, slot_base=12, slot_count=4, port_base=42000))
+        d.deploy(shared_port_job(bed))
         yield d
         for s in d.socks:
             s.close()
+
+
+def shared_port_job(bed: TestBed) -> JobConfig:
+    """Job 4: ranks 0 and 1 on host 7 (one switch port, two UDP ports), rank 2 on host 8.
+
+    Its multicast group has two replicas on port 7, told apart by their instance.
+    """
+    cfg = bed.job([8], job_id=4, slot_base=16, slot_count=2)
+    shared = [WorkerSpec(Endpoint(bed.host_ip(7), 43000 + rank), mac=bed.host_mac(7), switch_port=7)
+              for rank in range(2)]
+    return dataclasses.replace(cfg, workers=(*shared, *cfg.workers))
 
 
 def contrib(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 0, copy: int = 0,
@@ -114,7 +128,7 @@ def send(d, packet) -> list:
     return d.send(host, payload, src)
 
 
-@pytest.mark.parametrize("job_id", [2, 3, 1])  # 2, 5 and 8 workers
+@pytest.mark.parametrize("job_id", [2, 3, 1, 4])  # 2, 5 and 8 workers; 3 on 2 ports
 def test_full_round_multicasts_the_sum(diff, job_id):
     n = diff.jobs[job_id].n_workers
     outs = [send(diff, contrib(diff, job_id, r, 10, exponent=r - 3)) for r in range(n)]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 from switchagg import wire
 from switchagg.control import bmv2
+from switchagg.local import loopback_job
 from switchagg.switch.counters import GlobalDrop, JobCounter
 
 P4 = Path(__file__).resolve().parents[1] / "p4"
@@ -57,3 +59,11 @@ def test_one_counter_array_per_job_counter():
     text = (P4 / "v1model" / "main.p4").read_text()
     arrays = re.findall(r"counter\(SA_MAX_JOBS, CounterType\.packets\)\s+job_(\w+);", text)
     assert arrays == [j.name.lower() for j in JobCounter]
+
+
+def test_replica_instances_count_workers_before_on_the_same_port():
+    cfg = loopback_job(5)
+    ports = [3, 7, 3, 3, 7]
+    cfg = dataclasses.replace(cfg, workers=tuple(dataclasses.replace(w, switch_port=p)
+                                                 for w, p in zip(cfg.workers, ports, strict=True)))
+    assert bmv2.replica_instances(cfg) == [0, 0, 1, 2, 1]

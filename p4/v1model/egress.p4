@@ -1,19 +1,25 @@
-/* Egress: each replica of a finished sum is rewritten to its worker (egress_rid = the worker's rank);
- * a flooded frame is not sent back out of the port it came in on. */
+/* Egress: each replica of a finished sum is rewritten to its worker; a flooded frame is not sent
+ * back out of the port it came in on.
+ *
+ * A job's multicast group holds one replica per worker, told apart by (egress port, instance): the
+ * instance counts the job's workers before it on the same port, so workers on distinct ports all
+ * share instance 0. BMv2's PRE keeps one node per instance and scans every port of each node per
+ * packet, so the usual job (one worker per port) costs one node, not one per worker. */
 
 const bit<32> PKT_INSTANCE_TYPE_REPLICATION = 5;
 
 control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
-    action to_worker(mac_addr_t mac, ipv4_addr_t ip, bit<16> port) {
+    action to_worker(mac_addr_t mac, ipv4_addr_t ip, bit<16> port, bit<8> worker) {
         hdr.ethernet.dst_addr = mac;
         hdr.ipv4.dst_addr = ip;
         hdr.udp.dst_port = port;
-        hdr.sa.worker = (bit<8>)std.egress_rid;
+        hdr.sa.worker = worker;
     }
 
     table replica {
         key = {
             hdr.sa.job: exact;
+            std.egress_port: exact;
             std.egress_rid: exact;
         }
         actions = { to_worker; NoAction; }

@@ -135,18 +135,33 @@ def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str 
         generation = cfg.generation or new_generation()
         _install_l2(sh, cfg)
         group = sh.MulticastGroupEntry(index + 1)
-        for rank, w in enumerate(cfg.workers):
-            group.add(w.switch_port, rank)
-        group.insert()
-        for rank, w in enumerate(cfg.workers):
+        for rank, (w, instance) in enumerate(zip(cfg.workers, replica_instances(cfg), strict=True)):
+            group.add(w.switch_port, instance)
             rw = sh.TableEntry(REPLICA)(action="SaEgress.to_worker")
             rw.match["hdr.sa.job"] = str(cfg.job_id)
-            rw.match["std.egress_rid"] = str(rank)
+            rw.match["std.egress_port"] = str(w.switch_port)
+            rw.match["std.egress_rid"] = str(instance)
             rw.action["mac"], rw.action["ip"], rw.action["port"] = w.mac, w.address.host, str(w.address.port)
+            rw.action["worker"] = str(rank)
             rw.insert()
+        group.insert()
         for rank in range(cfg.n_workers):
             _admission_entry(sh, cfg, rank, index, generation).insert()
     return generation
+
+
+def replica_instances(cfg: JobConfig) -> list[int]:
+    """Each worker's multicast instance: how many of the job's workers come before it on its port.
+
+    A replica is (port, instance), and BMv2 keeps one PRE node per instance, scanning all its ports
+    for every packet; with one worker per port (the usual case) the whole group is one node.
+    """
+    seen: dict[int, int] = {}
+    instances = []
+    for w in cfg.workers:
+        instances.append(seen.get(w.switch_port, 0))
+        seen[w.switch_port] = instances[-1] + 1
+    return instances
 
 
 def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation: int) -> Any:
