@@ -12,8 +12,8 @@
  * Buffers are byte buffers (the buffer protocol, C-contiguous); the big-endian side may be at any
  * alignment, so it is read and written through memcpy, which compilers turn into plain moves.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernels.h"  /* Python.h first */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -86,6 +86,36 @@ SIMD static Py_ssize_t add_be_simd(const unsigned char *s, unsigned char *acc, P
 }
 #endif
 
+void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size, int shift) {
+    const float first = fits_float(shift) ? ldexpf(1.0f, shift) : ldexpf(1.0f, 127);
+    const float second = fits_float(shift) ? 1.0f : ldexpf(1.0f, shift - 127);
+    Py_ssize_t i = 0;
+#if LANES
+    if (use_simd)
+        i = quantize_simd(x, q, n, first, second);
+#endif
+    for (; i < n; i++)
+        store_u32(q + 4 * i, swap32((uint32_t)(int32_t)lrintf(x[i] * first * second)));
+    memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+}
+
+void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift) {
+    Py_ssize_t i = 0;
+    if (fits_float(-shift)) {
+        const float scale = ldexpf(1.0f, -shift);
+#if LANES
+        if (use_simd)
+            i = dequantize_simd(s, y, n, scale);
+#endif
+        for (; i < n; i++)
+            y[i] = (float)(int32_t)swap32(load_u32(s + 4 * i)) * scale;
+    } else {  /* exact in double, then one rounding to float32, as ldexp would */
+        const double scale = ldexp(1.0, -shift);
+        for (; i < n; i++)
+            y[i] = (float)((double)(float)(int32_t)swap32(load_u32(s + 4 * i)) * scale);
+    }
+}
+
 static int get_buffers(PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
     if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
         return -1;
@@ -119,18 +149,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
                             in.len, out.len);
     }
     Py_BEGIN_ALLOW_THREADS
-    const float *x = in.buf;
-    unsigned char *q = out.buf;
-    const float first = fits_float(shift) ? ldexpf(1.0f, shift) : ldexpf(1.0f, 127);
-    const float second = fits_float(shift) ? 1.0f : ldexpf(1.0f, shift - 127);
-    Py_ssize_t i = 0;
-#if LANES
-    if (use_simd)
-        i = quantize_simd(x, q, n, first, second);
-#endif
-    for (; i < n; i++)
-        store_u32(q + 4 * i, swap32((uint32_t)(int32_t)lrintf(x[i] * first * second)));
-    memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+    sa_quantize(in.buf, out.buf, n, size, shift);
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;
@@ -153,22 +172,7 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
                             in.len, out.len);
     }
     Py_BEGIN_ALLOW_THREADS
-    const unsigned char *s = in.buf;
-    float *y = out.buf;
-    Py_ssize_t i = 0;
-    if (fits_float(-shift)) {
-        const float scale = ldexpf(1.0f, -shift);
-#if LANES
-        if (use_simd)
-            i = dequantize_simd(s, y, n, scale);
-#endif
-        for (; i < n; i++)
-            y[i] = (float)(int32_t)swap32(load_u32(s + 4 * i)) * scale;
-    } else {  /* exact in double, then one rounding to float32, as ldexp would */
-        const double scale = ldexp(1.0, -shift);
-        for (; i < n; i++)
-            y[i] = (float)((double)(float)(int32_t)swap32(load_u32(s + 4 * i)) * scale);
-    }
+    sa_dequantize(in.buf, out.buf, n, shift);
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;
@@ -254,7 +258,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "switchagg._kernels",
-    "One-pass loops of the block floating point codec and of the switch's adds.", -1, methods,
+    "One-pass loops of the block floating point codec and of the switch's adds; the worker's Stream.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) {
@@ -263,7 +267,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     use_simd = __builtin_cpu_supports("avx2") && getenv("SWITCHAGG_NO_SIMD") == NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0 || sa_add_stream_type(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -20,14 +20,12 @@ import numpy as np
 from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
 from .payloads import FloatPayloads, Int32Payloads
-from .protocol import Reduction, StreamParams, Window
+from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .switch import control
 from .transport import UdpSocket
 from .wire import (
     HEADER_SIZE,
-    HEADER_STRUCT,
     IP_UDP_OVERHEAD,
-    VALUE_DTYPE,
     PacketType,
     datagram_size,
     make_header,
@@ -64,8 +62,6 @@ class Client:
                 f"values_per_packet = {k} makes {datagram_size(k) + IP_UDP_OVERHEAD}-byte IPv4 packets, but "
                 f"the path MTU towards {config.switch} is {mtu}: use values_per_packet <= "
                 f"{max_values_for_mtu(min(mtu, 65535))} (no IP fragmentation)")
-        # each send row's values, as the big-endian int32 the codec writes
-        self._row_values = [row[HEADER_SIZE:datagram_size(k)].view(VALUE_DTYPE) for row in self._sock.out_rows]
         self.window = Window(max_size=config.slot_count)
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
@@ -220,28 +216,26 @@ class Client:
         params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
                               cfg.slot_count, cfg.values_per_packet)
         now = time.monotonic()
-        red = Reduction(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
-                        copies=self._copies, now=now, started=self._started,
-                        progress_timeout=self.stall_timeout if self._started else self.start_timeout)
+        # numpy data takes the C state machine; a tensor on a GPU the Python one (its codec is torch's)
+        kind = NativeReduction if isinstance(payloads, FloatPayloads | Int32Payloads) else Reduction
+        red = kind(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
+                   copies=self._copies, now=now, started=self._started,
+                   progress_timeout=self.stall_timeout if self._started else self.start_timeout)
         self._next_id = (self._next_id + red.total) & _U32
-        sock = self._sock
+        sock, size = self._sock, datagram_size(cfg.values_per_packet)
         try:
             while True:
-                if red.outbox:
-                    self._send(red)
+                while n := red.emit(sock.out_rows):
+                    sock.send_rows(n, size)
                 if red.done:
                     break
                 if self._closing:
                     raise ClosedError("the client was closed during an allreduce")
                 wait = red.next_deadline() - time.monotonic()
-                packets = sock.recv(wait) if wait > 0 else sock.recv()
+                got = sock.recv_rows(wait) if wait > 0 else sock.recv_rows()
                 now = time.monotonic()
-                for data, _ in packets:
-                    if len(data) < HEADER_SIZE:
-                        continue
-                    h = unpack_header(data)
-                    if h.type == PacketType.RESULT and len(data) == HEADER_SIZE + 4 * h.count:
-                        red.receive(h, data[HEADER_SIZE:], now)
+                if got:
+                    red.receive_batch(sock.in_rows, sock.in_lengths[:got], sock.max_datagram, now)
                 red.tick(now)
         except (StallError, JobNotStarted) as exc:
             raise type(exc)(str(exc) + self._diagnose(red)) from None
@@ -249,20 +243,7 @@ class Client:
             self._started = self._started or red.started
             self.retransmissions += red.retransmissions
 
-    def _send(self, red: Reduction) -> None:
-        """Write the outbox's packets into the socket's send rows and send them, a batch at a time."""
-        sock, rows, values = self._sock, self._sock.out_rows, self._row_values
-        size = datagram_size(self.config.values_per_packet)
-        outbox = red.outbox
-        for start in range(0, len(outbox), sock.batch):
-            batch = outbox[start:start + sock.batch]
-            for i, send in enumerate(batch):
-                HEADER_STRUCT.pack_into(rows[i], 0, *send.header)
-                red.encode(send, values[i])
-            sock.send_rows(len(batch), size)
-        outbox.clear()
-
-    def _diagnose(self, red: Reduction) -> str:
+    def _diagnose(self, red: Reduction | NativeReduction) -> str:
         """Which workers the stuck slots still wait for, when the switch can tell us."""
         cfg = self.config
         if cfg.control is None:

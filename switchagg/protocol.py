@@ -16,6 +16,12 @@ the agreed (maximum) exponent that came back in the result of the slot's
 previous use, and proposes the exponent of chunk ``d + S``. A slot's next use
 goes out only when its previous result is back (self-clocking), and at most
 ``Window.size`` packets are outstanding. int32 reductions skip the exponent round.
+
+:class:`NativeReduction` is the same state machine in C (``switchagg/_stream.c``) for numpy
+data, which is what a client runs on the CPU: per packet it costs a fraction of the Python.
+Both take datagrams with :meth:`~Reduction.receive_batch` and write the packets due into the
+caller's send rows with :meth:`~Reduction.emit`; the tests run each simulated network on both
+and require the same bytes at the same times.
 """
 
 from __future__ import annotations
@@ -28,8 +34,19 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from . import _kernels
 from .errors import JobNotStarted, StallError
-from .wire import EXP_NONE, Buffer, Header, PacketType, make_header
+from .wire import (
+    EXP_NONE,
+    HEADER_SIZE,
+    HEADER_STRUCT,
+    VALUE_DTYPE,
+    Buffer,
+    Header,
+    PacketType,
+    make_header,
+    unpack_header,
+)
 
 _U32 = 0xFFFFFFFF
 
@@ -153,15 +170,12 @@ class Reduction:
         """
         self.params, self.window, self.payloads = params, window, payloads
         self.n_chunks, self.first_id = n_chunks, first_id
-        s = params.slot_count
         proposals = payloads.proposals()
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
         self._proposals = None if proposals is None else array("b", proposals.astype(np.int8).tobytes())
-        self.rounds = min(s, n_chunks) if proposals is not None else 0  # exponent round size
+        self.rounds, copy0 = start_call(copies, n_chunks, floats=proposals is not None)
         self.total = self.rounds + n_chunks
-        self._copy0 = copies.tolist()
-        uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < self.rounds)
-        copies[:] = (copies + uses) % 2
+        self._copy0 = copy0.tolist()
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
         self._result = (PacketType.RESULT, params.worker, params.job, params.generation, params.key,
                         params.values_per_packet)  # what a RESULT for this call carries
@@ -224,6 +238,16 @@ class Reduction:
         else:
             self.payloads.encode(send.data_chunk, send.exponent, out)
 
+    def emit(self, rows: np.ndarray) -> int:
+        """Write the packets due, oldest first, into ``rows`` (uint8, a packet per row); returns how many."""
+        n = min(len(self.outbox), len(rows))
+        end = HEADER_SIZE + 4 * self.params.values_per_packet
+        for row, send in zip(rows, self.outbox[:n], strict=False):
+            HEADER_STRUCT.pack_into(row, 0, *send.header)
+            self.encode(send, row[HEADER_SIZE:end].view(VALUE_DTYPE))
+        del self.outbox[:n]
+        return n
+
     def _send(self, t: int, now: float, retries: int) -> None:
         self.outbox.append(self._packet(t))
         first = self._outstanding[t][2] if retries else now
@@ -241,6 +265,22 @@ class Reduction:
     @property
     def done(self) -> bool:
         return self.n_done == self.total
+
+    def receive_batch(self, buf: Buffer, lengths: np.ndarray, stride: int, now: float) -> int:
+        """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[i * stride:]``.
+
+        Whatever is not a RESULT for this call is ignored; returns how many were new.
+        """
+        view = memoryview(buf).cast("B")
+        fresh = 0
+        for i, length in enumerate(lengths.tolist()):
+            data = view[i * stride:i * stride + length]
+            if length < HEADER_SIZE:
+                continue
+            h = unpack_header(data)
+            if h.type == PacketType.RESULT and length == HEADER_SIZE + 4 * h.count:
+                fresh += self.receive(h, data[HEADER_SIZE:], now)
+        return fresh
 
     def receive(self, h: Header, values: Buffer, now: float) -> bool:
         """Take a RESULT addressed to this worker (``values``: its K big-endian int32); returns whether it was new."""
@@ -296,16 +336,58 @@ class Reduction:
         return [((self.first_id + t) & _U32, *self._slot_copy(t)) for t in sorted(self._outstanding)]
 
     def _stall_error(self, now: float) -> Exception:
-        waiting = self.pending()
-        listed = ", ".join(f"chunk {c} (slot {s}, copy {k})" for c, s, k in waiting[:4])
-        more = f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""
-        seconds = now - self.last_progress
-        what = (f"worker {self.params.worker} of job {self.params.job}: {self.n_done}/{self.total} "
-                f"packets done, no result for {seconds:.1f} s; waiting for {listed}{more}.")
-        if not self.started:
-            return JobNotStarted(
-                f"{what} The job never started: check that the switch runs and admits this job "
-                f"(`switchagg status`), that all {self.params.n_workers} workers started, and that the "
-                f"job's generation is current (a job that ran before needs `switchagg reset`).")
-        return StallError(
-            f"{what} A peer stopped or the switch stopped answering.")
+        return stall_error(self.params, self.pending(), self.n_done, self.total, now - self.last_progress,
+                           started=self.started)
+
+
+class NativeReduction(_kernels.Stream):
+    """:class:`Reduction` in C, for :class:`~switchagg.payloads.FloatPayloads` and ``Int32Payloads``.
+
+    The same constructor and the same interface, less :attr:`Reduction.outbox`: the packets due
+    leave only through :meth:`emit`. ``_kernels.Stream`` holds the state and does the work.
+    """
+
+    def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,
+                 copies: np.ndarray, now: float, progress_timeout: float, started: bool = False) -> None:
+        self.params, self.window = params, window
+        proposals = payloads.proposals()
+        rounds, copy0 = start_call(copies, n_chunks, floats=proposals is not None)
+        super().__init__(window, payloads.flat, payloads.out,
+                         None if proposals is None else proposals.astype(np.int8).tobytes(),
+                         copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
+                         params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
+                         progress_timeout, started)
+
+    def tick(self, now: float) -> None:
+        """Retransmit what timed out; raise if progress stopped for too long."""
+        if super().tick(now):
+            raise stall_error(self.params, self.pending(), self.n_done, self.total, now - self.last_progress,
+                              started=self.started)
+
+
+def start_call(copies: np.ndarray, n_chunks: int, *, floats: bool) -> tuple[int, np.ndarray]:
+    """The exponent round's size, and each slot's shadow copy at the call's start.
+
+    ``copies[s]`` is the copy of slot ``s``'s next use; it is advanced past this call's uses.
+    """
+    s = len(copies)
+    rounds = min(s, n_chunks) if floats else 0
+    copy0 = copies.copy()
+    uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < rounds)
+    copies[:] = (copies + uses) % 2
+    return rounds, copy0
+
+
+def stall_error(params: StreamParams, waiting: list[tuple[int, int, int]], n_done: int, total: int,
+                seconds: float, *, started: bool) -> Exception:
+    """What a call raises when no result came for the progress timeout; ``waiting`` is its pending()."""
+    listed = ", ".join(f"chunk {c} (slot {s}, copy {k})" for c, s, k in waiting[:4])
+    more = f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""
+    what = (f"worker {params.worker} of job {params.job}: {n_done}/{total} "
+            f"packets done, no result for {seconds:.1f} s; waiting for {listed}{more}.")
+    if not started:
+        return JobNotStarted(
+            f"{what} The job never started: check that the switch runs and admits this job "
+            f"(`switchagg status`), that all {params.n_workers} workers started, and that the "
+            f"job's generation is current (a job that ran before needs `switchagg reset`).")
+    return StallError(f"{what} A peer stopped or the switch stopped answering.")

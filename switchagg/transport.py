@@ -137,8 +137,9 @@ class UdpSocket:
         self.max_datagram = max_datagram
         self._poll = select.poll()
         self._poll.register(self.sock.fileno(), select.POLLIN)
-        self._rbuf = np.empty((batch, max_datagram), dtype=np.uint8)
-        self._rview = memoryview(self._rbuf).cast("B")
+        self.in_rows = np.empty((batch, max_datagram), dtype=np.uint8)  # where recv_rows puts datagrams
+        self.in_lengths = np.zeros(batch, dtype=np.uint32)  # and their lengths
+        self._rview = memoryview(self.in_rows).cast("B")
         self._names: dict[Address, tuple[ctypes.Array, int]] = {}
         self.out_rows = np.empty((batch, max_datagram), dtype=np.uint8)  # what send_rows sends
         if self.batched:
@@ -150,7 +151,7 @@ class UdpSocket:
             self._shead_len, self._svals, self._svals_len = iov["len"][0::2], iov["base"][1::2], iov["len"][1::2]
             self._rows_size = 0  # the row size send_rows last laid out (0: send() changed the layout)
             # A connected socket hears only its peer: no source addresses to read then.
-            self._rvec, self._riov = self._vectors(self._rbuf, named=peer is None)
+            self._rvec, self._riov = self._vectors(self.in_rows, named=peer is None)
             rmsg = np.frombuffer(self._rvec, dtype=_MMSG_VIEW)
             self._rnamelen, self._rlen = rmsg["namelen"], rmsg["len"]
             self._rnames = np.zeros((batch, 16), dtype=np.uint8)
@@ -315,6 +316,23 @@ class UdpSocket:
             return []
         return self._recv_mmsg() if self.batched else self._recv_plain()
 
+    def recv_rows(self, timeout: float = 0.0) -> int:
+        """Up to ``batch`` datagrams into the rows of :attr:`in_rows`, their lengths into :attr:`in_lengths`.
+
+        Waits at most ``timeout`` for the first; returns how many. Source addresses are not
+        kept: this is for a connected socket, which hears only its peer. No Python object is
+        made per datagram, which is the point.
+        """
+        if timeout > 0 and not self.wait(timeout):
+            return 0
+        if not self.batched:
+            got = self._recv_plain()
+            self.in_lengths[:len(got)] = [len(view) for view, _ in got]
+            return len(got)
+        got = self._recvmmsg()
+        self.in_lengths[:got] = self._rlen[:got]
+        return got
+
     def _recv_plain(self) -> list[tuple[memoryview, Address]]:
         out = []
         for i in range(self.batch):
@@ -333,7 +351,8 @@ class UdpSocket:
         self.stats.received += len(out)
         return out
 
-    def _recv_mmsg(self) -> list[tuple[memoryview, Address]]:
+    def _recvmmsg(self) -> int:
+        """recvmmsg into the rows; how many datagrams came (0 when none waited)."""
         if self.peer is None:
             self._rnamelen[:] = 16
         while True:
@@ -343,11 +362,15 @@ class UdpSocket:
                 break
             err = ctypes.get_errno()
             if err in (errno.EAGAIN, errno.EWOULDBLOCK):
-                return []
+                return 0
             if err not in _TRANSIENT and err != errno.EINTR:
                 raise OSError(err, f"recvmmsg failed: {errno.errorcode.get(err, err)}")
             self.stats.refused += err != errno.EINTR  # an ICMP error reported late: a loss
         self.stats.received += got
+        return got
+
+    def _recv_mmsg(self) -> list[tuple[memoryview, Address]]:
+        got = self._recvmmsg()
         view, size = self._rview, self.max_datagram
         lengths = self._rlen[:got].tolist()
         if self.peer is not None:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from switchagg.payloads import FloatPayloads, Int32Payloads
-from switchagg.protocol import Reduction, StreamParams, Window
+from switchagg.protocol import NativeReduction, Reduction, StreamParams, Window
 from switchagg.switch.model import JobEntry, SwitchModel
-from switchagg.wire import HEADER_SIZE, VALUE_DTYPE, unpack_header, values_of
+from switchagg.wire import datagram_size
+
+IMPLEMENTATIONS = {"python": Reduction, "native": NativeReduction}
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Worker:
     started: bool = False
     dead_after: int | None = None  # stops reacting after receiving this many packets
     received: int = 0
-    red: Reduction | None = None
+    red: Reduction | NativeReduction | None = None
     out: np.ndarray | None = None
     error: Exception | None = None
     sent: int = 0
@@ -71,8 +73,10 @@ class SimNet:
     up: Impairment = field(default_factory=Impairment)  # worker -> switch
     down: Impairment = field(default_factory=Impairment)  # switch -> worker
     seed: int = 0
+    impl: str = "python"  # which Reduction the workers run: a key of IMPLEMENTATIONS
     now: float = 0.0
     workers: dict[tuple[str, int], Worker] = field(default_factory=dict)
+    sent_log: list[tuple[float, tuple[str, int], bytes]] = field(default_factory=list)  # every worker packet
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -93,12 +97,12 @@ class SimNet:
             heapq.heappush(self._events, (at, next(self._seq), dst, data, src))
 
     def _flush(self, w: Worker, addr) -> None:
-        for s in w.red.outbox:
-            w.sent += 1
-            values = np.empty(w.job.k, VALUE_DTYPE)
-            w.red.encode(s, values)
-            self._transmit(self.up, "switch", s.header.pack() + values.tobytes(), addr)
-        w.red.outbox.clear()
+        rows = np.empty((3, datagram_size(w.job.k)), np.uint8)
+        while n := w.red.emit(rows):
+            for row in rows[:n]:
+                w.sent += 1
+                self.sent_log.append((self.now, addr, row.tobytes()))
+                self._transmit(self.up, "switch", row.tobytes(), addr)
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0) -> None:
         job = w.job
@@ -109,8 +113,9 @@ class SimNet:
             w.out = np.empty_like(x, dtype=np.float32)
             payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n)
         n_chunks = -(-x.size // job.k)
-        w.red = Reduction(job.params(w.rank), w.window, payloads, n_chunks=n_chunks, first_id=w.next_id,
-                          copies=w.copies, now=self.now, progress_timeout=progress_timeout, started=w.started)
+        w.red = IMPLEMENTATIONS[self.impl](
+            job.params(w.rank), w.window, payloads, n_chunks=n_chunks, first_id=w.next_id, copies=w.copies,
+            now=self.now, progress_timeout=progress_timeout, started=w.started)
         w.next_id = (w.next_id + w.red.total) & 0xFFFFFFFF
         w.error = None
         self._flush(w, job.address(w.rank))
@@ -139,9 +144,7 @@ class SimNet:
                     if w is None or w.red is None or self._dead(w) or w.error is not None:
                         continue
                     w.received += 1
-                    h = unpack_header(data)
-                    if len(data) == HEADER_SIZE + 4 * h.count:
-                        w.red.receive(h, values_of(data, h.count), self.now)
+                    w.red.receive_batch(data, np.array([len(data)], np.uint32), 0, self.now)
                     w.started = w.started or w.red.started
                     self._flush(w, dst)
             else:
@@ -157,13 +160,13 @@ class SimNet:
 
 def reduce_all(xs: list[np.ndarray], job: Job | None = None, *, up: Impairment | None = None,
                down: Impairment | None = None, seed: int = 0, rounds: int = 1,
-               model: SwitchModel | None = None) -> tuple[list[list[np.ndarray]], SimNet]:
+               model: SwitchModel | None = None, impl: str = "python") -> tuple[list[list[np.ndarray]], SimNet]:
     """Allreduce ``xs`` (one array per rank) ``rounds`` times; returns each rank's results."""
     job = job or Job(n=len(xs))
     if model is None:
         model = SwitchModel(num_slots=max(64, job.slot_base + job.slots))
         model.add_job(job.entry())
-    net = SimNet(model, up or Impairment(), down or Impairment(), seed=seed)
+    net = SimNet(model, up or Impairment(), down or Impairment(), seed=seed, impl=impl)
     workers = [net.add_worker(job, r) for r in range(job.n)]
     results: list[list[np.ndarray]] = [[] for _ in workers]
     for _ in range(rounds):

@@ -1,4 +1,9 @@
-"""The worker state machine against the switch model, over simulated lossy links."""
+"""The worker state machine against the switch model, over simulated lossy links.
+
+Every simulated-network test runs on both implementations of the state machine (``impl``):
+the Python :class:`~switchagg.protocol.Reduction` and the C :class:`~switchagg.protocol.NativeReduction`;
+``test_both_implementations_send_the_same_bytes_at_the_same_times`` holds them to each other.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,12 @@ from switchagg.errors import JobNotStarted, StallError
 from switchagg.protocol import Window
 from switchagg.switch.model import SwitchModel
 
-from .simnet import Impairment, Job, SimNet, reduce_all
+from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, reduce_all
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request) -> str:
+    return request.param
 
 
 def data(n: int, size: int, seed: int = 1, dtype=np.float32) -> list[np.ndarray]:
@@ -31,10 +41,10 @@ def check_bound(results, xs, job: Job) -> None:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 @pytest.mark.parametrize("size", [1, 15, 16, 17, 300])
-def test_lossless_sum_within_bound_and_identical(n, size):
+def test_lossless_sum_within_bound_and_identical(n, size, impl):
     job = Job(n=n, slots=4, k=16)
     xs = data(n, size, seed=n * 1000 + size)
-    results, net = reduce_all(xs, job)
+    results, net = reduce_all(xs, job, impl=impl)
     got = [r[0] for r in results]
     check_bound(got, xs, job)
     for r in got[1:]:
@@ -42,12 +52,12 @@ def test_lossless_sum_within_bound_and_identical(n, size):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_loss_duplication_reordering_both_ways_is_bit_exact(seed):
+def test_loss_duplication_reordering_both_ways_is_bit_exact(seed, impl):
     job = Job(n=4, slots=8, k=16)
     xs = data(4, 1000, seed=seed)
-    clean, _ = reduce_all(xs, job, rounds=3)
+    clean, _ = reduce_all(xs, job, rounds=3, impl=impl)
     bad = Impairment(loss=0.1, dup=0.1, latency=0.001, jitter=0.004)
-    lossy, net = reduce_all(xs, job, up=bad, down=bad, seed=seed, rounds=3)
+    lossy, net = reduce_all(xs, job, up=bad, down=bad, seed=seed, rounds=3, impl=impl)
     for r in range(4):
         for a, b in zip(clean[r], lossy[r], strict=True):
             assert np.array_equal(a, b)
@@ -55,18 +65,18 @@ def test_loss_duplication_reordering_both_ways_is_bit_exact(seed):
     assert counters["duplicate_pending"] + counters["results_unicast"] > 0  # impairments did happen
 
 
-def test_int32_is_exact_and_wraps_like_int32():
+def test_int32_is_exact_and_wraps_like_int32(impl):
     job = Job(n=3, slots=4, k=8)
     xs = data(3, 50, dtype=np.int32)
     xs[0][0] = np.int32(2**31 - 1)
     xs[1][0] = 5
-    results, _ = reduce_all(xs, job)
+    results, _ = reduce_all(xs, job, impl=impl)
     expect = (xs[0].astype(np.int64) + xs[1] + xs[2])
     expect = ((expect + 2**31) % 2**32 - 2**31).astype(np.int32)
     assert np.array_equal(results[0][0], expect)
 
 
-def test_many_rounds_keep_copies_and_ids_in_step():
+def test_many_rounds_keep_copies_and_ids_in_step(impl):
     job = Job(n=2, slots=3, k=4)
     rng = np.random.default_rng(3)
     sizes = [1, 7, 30, 2, 13]
@@ -74,7 +84,7 @@ def test_many_rounds_keep_copies_and_ids_in_step():
     from switchagg.switch.model import SwitchModel
     model = SwitchModel(16)
     model.add_job(job.entry())
-    net = SimNet(model, seed=2)
+    net = SimNet(model, seed=2, impl=impl)
     ws = [net.add_worker(job, r) for r in range(2)]
     for size in sizes:
         xs = [rng.standard_normal(size).astype(np.float32) for _ in ws]
@@ -85,12 +95,12 @@ def test_many_rounds_keep_copies_and_ids_in_step():
     assert model.counters()["jobs"][1]["stale"] == 0
 
 
-def test_dead_peer_gives_stall_error_fast_naming_chunks():
+def test_dead_peer_gives_stall_error_fast_naming_chunks(impl):
     job = Job(n=3, slots=4, k=8)
     from switchagg.switch.model import SwitchModel
     model = SwitchModel(16)
     model.add_job(job.entry())
-    net = SimNet(model)
+    net = SimNet(model, impl=impl)
     ws = [net.add_worker(job, r, started=True) for r in range(3)]
     ws[2].dead_after = 5
     xs = data(3, 400)
@@ -103,11 +113,11 @@ def test_dead_peer_gives_stall_error_fast_naming_chunks():
     assert net.now < 10.0
 
 
-def test_job_never_starting_raises_job_not_started_after_start_timeout():
+def test_job_never_starting_raises_job_not_started_after_start_timeout(impl):
     job = Job(n=2, slots=4, k=8)
     from switchagg.switch.model import SwitchModel
     model = SwitchModel(16)  # the job is not installed: every packet is dropped
-    net = SimNet(model)
+    net = SimNet(model, impl=impl)
     w = net.add_worker(job, 0)
     net.start(w, data(1, 40)[0], progress_timeout=60.0)
     net.run()
@@ -134,24 +144,24 @@ def test_window_backs_off_on_loss_and_grows_back():
     assert win.timeout_for(10) == win.max_rto
 
 
-def test_window_paces_a_slow_switch():
+def test_window_paces_a_slow_switch(impl):
     """A long-latency path: the window caps what is in flight, retransmissions stay rare."""
     job = Job(n=2, slots=64, k=16)
     xs = data(2, 16 * 400)
     slow = Impairment(latency=0.005)
-    results, net = reduce_all(xs, job, up=slow, down=slow)
+    results, net = reduce_all(xs, job, up=slow, down=slow, impl=impl)
     check_bound([r[0] for r in results], xs, job)
     for w in net.workers.values():
         assert w.red.retransmissions <= 4
         assert w.sent <= w.red.total + 4
 
 
-def test_a_peer_late_to_the_call_costs_resends_not_the_window():
+def test_a_peer_late_to_the_call_costs_resends_not_the_window(impl):
     """Before its first result a call resends what times out (with backoff) but keeps its window:
     the switch waits for a peer that has not reached this call yet, nothing was congested."""
     job = Job(n=2, slots=8, k=16)
     xs = data(2, 16 * 40)
-    net = SimNet(SwitchModel(16))
+    net = SimNet(SwitchModel(16), impl=impl)
     net.model.add_job(job.entry())
     early, late = net.add_worker(job, 0), net.add_worker(job, 1)
     early.window.cwnd = 8.0
@@ -175,3 +185,56 @@ def test_spurious_timeout_is_undone():
     assert win.is_spurious(0.002)  # sooner than any round trip: the original's result
     win.undo()
     assert win.cwnd == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype):
+    """The C state machine is the Python one: under loss, duplication and reordering both ways,
+    over calls of several sizes (windows and timers carried over), every packet is the same."""
+    job = Job(n=3, slots=5, k=8)
+    bad = Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006)
+    sizes = [37, 1, 200, 8]
+    xs = [data(3, size, seed=seed * 10 + i, dtype=dtype) for i, size in enumerate(sizes)]
+    runs = {}
+    for impl in IMPLEMENTATIONS:
+        model = SwitchModel(16)
+        model.add_job(job.entry())
+        net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl)
+        ws = [net.add_worker(job, r) for r in range(3)]
+        outs, resent = [], 0
+        for call in xs:
+            for w, x in zip(ws, call, strict=True):
+                net.start(w, x)
+            net.run()
+            assert all(w.error is None for w in ws)
+            outs.append([w.out.copy() for w in ws])
+            resent += sum(w.red.retransmissions for w in ws)
+        windows = [(w.window.cwnd, w.window.ssthresh, w.window.rto, w.window.srtt, w.window.losses) for w in ws]
+        runs[impl] = (net.sent_log, outs, windows, resent, net.now)
+    python, native = runs["python"], runs["native"]
+    assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
+    for a, b in zip(python[1], native[1], strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert python[2:] == native[2:]
+    assert python[3] > 0  # the impairments made it retransmit
+
+
+def test_native_reduction_refuses_what_does_not_fit():
+    from switchagg import _kernels
+    from switchagg.payloads import FloatPayloads
+    from switchagg.protocol import NativeReduction
+
+    job = Job(n=2, slots=4, k=8)
+    x = np.ones(20, np.float32)
+    red = NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=3,
+                          first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
+    with pytest.raises(ValueError, match="rows"):
+        red.emit(np.empty((4, 24 + 4 * 7), np.uint8))  # rows too short for K = 8
+    with pytest.raises(ValueError, match="do not fit"):
+        red.receive_batch(bytes(10), np.array([8, 8], np.uint32), 8, 0.0)
+    with pytest.raises(ValueError, match="n_chunks"):
+        NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=2,
+                        first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        _kernels.Stream.__new__(_kernels.Stream).next_deadline()

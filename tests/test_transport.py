@@ -112,3 +112,18 @@ def test_rows_written_in_place_go_out_as_written_between_ordinary_sends(batched)
         with pytest.raises(ValueError, match="connected"):
             rx.send_rows(1, 8)
     assert got == want
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_recv_rows_puts_each_datagram_in_its_row_with_its_length(batched):
+    with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched) as tx:
+        sent = [bytes([i]) * (1 + 3 * i) for i in range(20)]
+        assert tx.send([((d,), None) for d in sent]) == 0
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            n = rx.recv_rows(0.5)
+            assert n <= 8
+            got += [rx.in_rows[i, :rx.in_lengths[i]].tobytes() for i in range(n)]
+    assert got == sent

@@ -47,3 +47,14 @@ def test_scapy_layer_is_built_from_the_same_fields():
     layer = parsed[SwitchAgg]
     assert layer.job == 7 and layer.exponent == -3 and layer.chunk == 99 and layer.values == [5, -7]
     assert bytes(SwitchAgg(**h._asdict(), values=[5, -7])) == raw
+
+
+def test_the_c_stream_uses_this_header_layout():
+    """switchagg/_stream.c writes and parses headers itself; it must agree with FIELDS."""
+    from switchagg import _kernels
+
+    offsets = np.cumsum([0] + [f.bits // 8 for f in FIELDS])
+    layout = tuple((f.name, int(o), f.bits // 8) for f, o in zip(FIELDS, offsets, strict=False))
+    assert layout == _kernels.HEADER_LAYOUT
+    assert _kernels.WIRE == {"HEADER_SIZE": HEADER_SIZE, "VERSION": wire.VERSION, "CONTRIB": PacketType.CONTRIB,
+                             "RESULT": PacketType.RESULT, "FLAG_COPY": wire.FLAG_COPY, "EXP_NONE": wire.EXP_NONE}

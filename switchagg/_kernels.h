@@ -1,0 +1,15 @@
+/* What the codec's loops (_kernels.c) give the worker's stream (_stream.c): one extension module. */
+#ifndef SWITCHAGG_KERNELS_H
+#define SWITCHAGG_KERNELS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* float32 x[0..n) times 2^shift, rounded half to even, as big-endian int32 into q[0..size), zero-padded. */
+void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size, int shift);
+/* Big-endian int32 s[0..n) times 2^-shift into float32 y[0..n). */
+void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift);
+/* Adds the Stream type to the module. */
+int sa_add_stream_type(PyObject *module);
+
+#endif

@@ -1,0 +1,697 @@
+/* Stream: the worker's side of one allreduce call over numpy float32 or int32 data, in C.
+ *
+ * It is switchagg.protocol.Reduction, step for step (the same schedule, the same window and timer
+ * arithmetic, the same packets in the same order), with the per-packet work in one C loop instead
+ * of a dozen Python calls per packet: on a loaded host those calls cost the worker more CPU than
+ * the codec and the system calls together. Reduction stays the specification, and the path for
+ * tensors that live on a GPU; tests/test_protocol.py runs every simulated-network test on both and
+ * checks that they send the same bytes at the same times.
+ *
+ * Sans-I/O like Reduction: emit() writes the packets due into rows the caller sends, and
+ * receive_batch() takes the datagrams the caller received. The congestion window is the caller's
+ * protocol.Window object: its fields are read at construction and written back after each call
+ * that changes them, so the next call (either implementation) starts with what this one learned.
+ *
+ * The header layout follows switchagg/wire.py (HEADER_LAYOUT and WIRE below; a test holds them to it).
+ */
+#include "_kernels.h"  /* Python.h first */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HEADER_SIZE 24
+#define VERSION 1
+#define TYPE_CONTRIB 1
+#define TYPE_RESULT 2
+#define FLAG_COPY 1
+#define EXP_NONE (-128)
+#define MIN_EXPONENT (-127)
+
+static inline uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static inline uint32_t get32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline void put16(unsigned char *p, uint16_t v) { p[0] = v >> 8; p[1] = (unsigned char)v; }
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+
+/* protocol.Window's state; the names are its attributes. */
+typedef struct {
+    double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt;
+    int has_srtt;  /* srtt is None until the first sample */
+    long losses, max_size;
+} Win;
+
+typedef struct {
+    double deadline;
+    Py_ssize_t t;
+    long retries;
+} Timer;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *window;
+    Win w;
+    Py_buffer x, out;  /* the flat input and the output: float32, or int32 when there are no proposals */
+    int floats;
+    int8_t *proposals;  /* per data chunk, floats only */
+    uint8_t *copy0;     /* per slot: the shadow copy of its first use in this call */
+    uint16_t job;
+    uint8_t worker;
+    uint32_t key, generation, first_id;
+    int log2n;  /* bits of headroom for n workers */
+    Py_ssize_t slots, k, n_chunks, rounds, total, numel;
+    /* per entry t (exponent round, then data chunks) */
+    uint8_t *done, *in_flight;
+    int8_t *agreed;
+    long *retries;
+    double *last_send, *first_send;
+    Py_ssize_t next, n_done, n_in_flight;
+    Timer *timers;  /* a binary min-heap on (deadline, t, retries), stale entries skipped lazily */
+    Py_ssize_t n_timers, cap_timers;
+    Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
+    Py_ssize_t out_head, out_len, out_cap;
+    double last_progress, progress_timeout;
+    int started;
+    long retransmissions;
+    int ready;  /* __init__ succeeded */
+} Stream;
+
+/* A Stream whose __init__ failed has no state to work on. */
+static int unready(const Stream *s) {
+    if (s->ready)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "this Stream was not initialised");
+    return 1;
+}
+
+/* ---- the window (protocol.Window's methods) ------------------------------------------------- */
+
+static const char *WIN_FIELDS[] = {"cwnd", "ssthresh", "min_rto", "max_rto", "rto", "rttvar",
+                                   "_recovery_until", "_cwnd_before_loss", "min_rtt"};
+
+static double *win_slot(Win *w, int i) {
+    double *slots[] = {&w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &w->rttvar,
+                       &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt};
+    return slots[i];
+}
+
+static int win_load(Stream *s) {
+    for (int i = 0; i < 9; i++) {
+        PyObject *v = PyObject_GetAttrString(s->window, WIN_FIELDS[i]);
+        if (v == NULL)
+            return -1;
+        *win_slot(&s->w, i) = PyFloat_AsDouble(v);
+        Py_DECREF(v);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    PyObject *srtt = PyObject_GetAttrString(s->window, "srtt");
+    PyObject *losses = PyObject_GetAttrString(s->window, "losses");
+    PyObject *max_size = PyObject_GetAttrString(s->window, "max_size");
+    int ok = srtt && losses && max_size;
+    if (ok) {
+        s->w.has_srtt = srtt != Py_None;
+        s->w.srtt = s->w.has_srtt ? PyFloat_AsDouble(srtt) : 0.0;
+        s->w.losses = PyLong_AsLong(losses);
+        s->w.max_size = PyLong_AsLong(max_size);
+    }
+    Py_XDECREF(srtt);
+    Py_XDECREF(losses);
+    Py_XDECREF(max_size);
+    return ok && !PyErr_Occurred() ? 0 : -1;
+}
+
+static int set_attr(PyObject *obj, const char *name, PyObject *v) {
+    if (v == NULL)
+        return -1;
+    int rc = PyObject_SetAttrString(obj, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int win_store(Stream *s) {
+    for (int i = 0; i < 9; i++)
+        if (set_attr(s->window, WIN_FIELDS[i], PyFloat_FromDouble(*win_slot(&s->w, i))) < 0)
+            return -1;
+    PyObject *srtt = s->w.has_srtt ? PyFloat_FromDouble(s->w.srtt) : Py_NewRef(Py_None);
+    if (set_attr(s->window, "srtt", srtt) < 0)
+        return -1;
+    return set_attr(s->window, "losses", PyLong_FromLong(s->w.losses));
+}
+
+static inline double dmin(double a, double b) { return b < a ? b : a; }  /* Python's min(a, b) */
+static inline double dmax(double a, double b) { return b > a ? b : a; }  /* Python's max(a, b) */
+
+static long win_size(const Win *w) {
+    long size = (long)w->cwnd;
+    return size > 1 ? size : 1;
+}
+
+static void win_on_result(Win *w, double rtt) {
+    if (!w->has_srtt) {
+        w->srtt = rtt;
+        w->rttvar = rtt / 2;
+        w->has_srtt = 1;
+    } else {
+        w->rttvar = 0.75 * w->rttvar + 0.25 * fabs(w->srtt - rtt);
+        w->srtt = 0.875 * w->srtt + 0.125 * rtt;
+    }
+    w->min_rtt = dmin(w->min_rtt, rtt);
+    w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
+    double growth = w->cwnd < w->ssthresh ? 1.0 : 1.0 / w->cwnd;
+    w->cwnd = dmin((double)w->max_size, w->cwnd + growth);
+}
+
+static void win_on_timeout(Win *w, double now) {
+    w->losses += 1;
+    if (now < w->recovery_until)
+        return;
+    w->cwnd_before_loss = w->cwnd;
+    w->ssthresh = dmax(1.0, w->cwnd / 2);
+    w->cwnd = w->ssthresh;
+    w->recovery_until = now + (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto);
+}
+
+static void win_undo(Win *w) {
+    w->cwnd = dmax(w->cwnd, w->cwnd_before_loss);
+    w->ssthresh = dmax(w->ssthresh, w->cwnd_before_loss);
+}
+
+static double win_timeout_for(const Win *w, long retries) { return dmin(w->max_rto, w->rto * ldexp(1.0, (int)retries)); }
+
+/* ---- the schedule (Reduction._prev, _slot_copy) ----------------------------------------------- */
+
+static Py_ssize_t prev_of(const Stream *s, Py_ssize_t t) {
+    if (t < s->rounds)
+        return -1;
+    Py_ssize_t d = t - s->rounds;
+    if (d < s->slots)
+        return s->rounds ? d : -1;
+    return t - s->slots;
+}
+
+static void slot_copy(const Stream *s, Py_ssize_t t, Py_ssize_t *slot, int *copy) {
+    if (t < s->rounds) {
+        *slot = t;
+        *copy = s->copy0[t];
+        return;
+    }
+    Py_ssize_t d = t - s->rounds;
+    *slot = d % s->slots;
+    Py_ssize_t use = d / s->slots + (*slot < s->rounds);
+    *copy = (int)((s->copy0[*slot] + use) & 1);
+}
+
+static int exponent_used(const Stream *s, Py_ssize_t t) {
+    Py_ssize_t prev = prev_of(s, t);
+    return prev < 0 ? EXP_NONE : s->agreed[prev];
+}
+
+static int shift_for(const Stream *s, int exponent) {  /* codec.scale_shift */
+    return 31 - (exponent == EXP_NONE ? MIN_EXPONENT : exponent) - s->log2n;
+}
+
+/* ---- sending (Reduction._send, _fill, and the client's packing of the outbox) ----------------- */
+
+static int heap_less(const Timer *a, const Timer *b) {
+    if (a->deadline != b->deadline)
+        return a->deadline < b->deadline;
+    if (a->t != b->t)
+        return a->t < b->t;
+    return a->retries < b->retries;
+}
+
+/* An array of *cap items of `size` bytes with twice the room (64 at first); NULL, nothing changed,
+ * when out of memory. */
+static void *grow(void *items, Py_ssize_t *cap, size_t size) {
+    Py_ssize_t more = *cap ? 2 * *cap : 64;
+    void *grown = realloc(items, (size_t)more * size);
+    if (grown != NULL)
+        *cap = more;
+    return grown;
+}
+
+static int heap_push(Stream *s, Timer timer) {
+    if (s->n_timers == s->cap_timers) {
+        Timer *grown = grow(s->timers, &s->cap_timers, sizeof(Timer));
+        if (grown == NULL)
+            return -1;
+        s->timers = grown;
+    }
+    Py_ssize_t i = s->n_timers++;
+    while (i > 0 && heap_less(&timer, &s->timers[(i - 1) / 2])) {
+        s->timers[i] = s->timers[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    s->timers[i] = timer;
+    return 0;
+}
+
+static void heap_pop(Stream *s) {
+    Timer last = s->timers[--s->n_timers];
+    Py_ssize_t i = 0, n = s->n_timers;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && heap_less(&s->timers[c + 1], &s->timers[c]))
+            c++;
+        if (!heap_less(&s->timers[c], &last))
+            break;
+        s->timers[i] = s->timers[c];
+        i = c;
+    }
+    if (n)
+        s->timers[i] = last;
+}
+
+static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
+    if (s->out_head + s->out_len == s->out_cap) {
+        if (s->out_head) {
+            memmove(s->outbox, s->outbox + s->out_head, (size_t)s->out_len * sizeof(Py_ssize_t));
+            s->out_head = 0;
+        } else {
+            Py_ssize_t *grown = grow(s->outbox, &s->out_cap, sizeof(Py_ssize_t));
+            if (grown == NULL)
+                return -1;
+            s->outbox = grown;
+        }
+    }
+    s->outbox[s->out_head + s->out_len++] = t;
+    if (!s->in_flight[t]) {
+        s->in_flight[t] = 1;
+        s->n_in_flight++;
+    }
+    s->first_send[t] = retries ? s->first_send[t] : now;
+    s->last_send[t] = now;
+    s->retries[t] = retries;
+    Timer timer = {now + win_timeout_for(&s->w, retries), t, retries};
+    return heap_push(s, timer);
+}
+
+static int fill(Stream *s, double now) {
+    while (s->next < s->total && s->n_in_flight < win_size(&s->w)) {
+        Py_ssize_t prev = prev_of(s, s->next);
+        if (prev >= 0 && !s->done[prev])
+            break;
+        if (send_entry(s, s->next, now, 0) < 0)
+            return -1;
+        s->next++;
+    }
+    return 0;
+}
+
+static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
+    Py_ssize_t slot;
+    int copy, proposal = EXP_NONE;
+    slot_copy(s, t, &slot, &copy);
+    if (t < s->rounds)
+        proposal = s->proposals[t];
+    else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
+        proposal = s->proposals[t - s->rounds + s->slots];
+    row[0] = VERSION;
+    row[1] = TYPE_CONTRIB;
+    row[2] = (unsigned char)(copy & FLAG_COPY);
+    row[3] = s->worker;
+    put16(row + 4, s->job);
+    put16(row + 6, (uint16_t)slot);
+    put32(row + 8, (uint32_t)(s->first_id + (uint32_t)t));
+    put32(row + 12, s->generation);
+    put32(row + 16, s->key);
+    row[20] = (unsigned char)(int8_t)proposal;
+    row[21] = 0;
+    put16(row + 22, (uint16_t)s->k);
+    unsigned char *values = row + HEADER_SIZE;
+    if (t < s->rounds) {  /* the exponent round carries zeros */
+        memset(values, 0, 4 * (size_t)s->k);
+        return;
+    }
+    Py_ssize_t d = t - s->rounds, start = d * s->k;
+    Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
+    if (s->floats) {
+        sa_quantize((const float *)s->x.buf + start, values, n, s->k, shift_for(s, exponent_used(s, t)));
+        return;
+    }
+    const int32_t *x = (const int32_t *)s->x.buf + start;
+    for (Py_ssize_t i = 0; i < n; i++)
+        put32(values + 4 * i, (uint32_t)x[i]);
+    memset(values + 4 * n, 0, 4 * (size_t)(s->k - n));
+}
+
+PyDoc_STRVAR(emit_doc,
+"emit(rows) -> int\n\n"
+"Write the packets due, oldest first, into the rows of ``rows`` (a writable 2-D uint8 array with\n"
+"rows of at least 24 + 4 K bytes), one packet per row, as many as fit; returns how many.");
+
+static PyObject *Stream_emit(Stream *s, PyObject *arg) {
+    Py_buffer rows;
+    if (unready(s) || PyObject_GetBuffer(arg, &rows, PyBUF_WRITABLE | PyBUF_ND) < 0)
+        return NULL;
+    if (rows.ndim != 2 || rows.itemsize != 1 || rows.shape[1] < HEADER_SIZE + 4 * s->k) {
+        PyBuffer_Release(&rows);
+        return PyErr_Format(PyExc_ValueError, "emit: rows must be a 2-D array of rows of at least %zd bytes",
+                            HEADER_SIZE + 4 * s->k);
+    }
+    Py_ssize_t n = s->out_len < rows.shape[0] ? s->out_len : rows.shape[0];
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        write_packet(s, s->outbox[s->out_head + i], (unsigned char *)rows.buf + i * rows.shape[1]);
+    Py_END_ALLOW_THREADS
+    s->out_head += n;
+    s->out_len -= n;
+    if (!s->out_len)
+        s->out_head = 0;
+    PyBuffer_Release(&rows);
+    return PyLong_FromSsize_t(n);
+}
+
+/* ---- receiving (Reduction.receive, and the client's checks before it) -------------------------- */
+
+/* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
+static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
+    if (length < HEADER_SIZE || p[1] != TYPE_RESULT || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + 22))
+        return 0;
+    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + 8) - s->first_id);
+    if (p[3] != s->worker || get16(p + 4) != s->job || get32(p + 12) != s->generation || get32(p + 16) != s->key
+            || get16(p + 22) != s->k || t >= s->total || !s->in_flight[t])
+        return 0;  /* a duplicate, a stale result, or not ours */
+    Py_ssize_t slot;
+    int copy;
+    slot_copy(s, t, &slot, &copy);
+    if (get16(p + 6) != slot || (p[2] & FLAG_COPY) != copy)
+        return 0;
+    s->in_flight[t] = 0;
+    s->n_in_flight--;
+    s->done[t] = 1;
+    s->n_done++;
+    s->agreed[t] = (int8_t)p[20];
+    if (t >= s->rounds) {
+        Py_ssize_t start = (t - s->rounds) * s->k;
+        Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
+        if (s->floats) {
+            sa_dequantize(p + HEADER_SIZE, (float *)s->out.buf + start, n, shift_for(s, exponent_used(s, t)));
+        } else {
+            int32_t *out = (int32_t *)s->out.buf + start;
+            for (Py_ssize_t i = 0; i < n; i++)
+                out[i] = (int32_t)get32(p + HEADER_SIZE + 4 * i);
+        }
+    }
+    double sent = s->last_send[t];
+    if (s->retries[t] == 0) {
+        win_on_result(&s->w, now - sent);
+    } else if (now - sent < s->w.min_rtt) {  /* spurious: the original's result (Window.is_spurious) */
+        win_undo(&s->w);
+        win_on_result(&s->w, now - s->first_send[t]);
+    }
+    s->last_progress = now;
+    s->started = 1;
+    return fill(s, now) < 0 ? -1 : 1;
+}
+
+PyDoc_STRVAR(receive_batch_doc,
+"receive_batch(buf, lengths, stride, now) -> int\n\n"
+"Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes (a uint32 array) at\n"
+"``buf[i * stride:]``. Whatever is not a RESULT for this call is ignored; returns how many were new.");
+
+static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
+    PyObject *buf_obj, *len_obj;
+    Py_ssize_t stride;
+    double now;
+    Py_buffer buf, lengths;
+    if (unready(s) || !PyArg_ParseTuple(args, "OOnd", &buf_obj, &len_obj, &stride, &now))
+        return NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(len_obj, &lengths, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    Py_ssize_t count = lengths.len / 4;
+    const uint32_t *lens = lengths.buf;
+    int bad = lengths.len % 4 != 0 || stride < 0;
+    for (Py_ssize_t i = 0; i < count && !bad; i++)
+        bad = i * stride + (Py_ssize_t)lens[i] > buf.len;
+    if (bad) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&lengths);
+        return PyErr_Format(PyExc_ValueError, "receive_batch: %zd datagrams with stride %zd do not fit %zd bytes",
+                            count, stride, buf.len);
+    }
+    Py_ssize_t fresh = 0;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count && rc >= 0; i++) {
+        rc = receive_one(s, (const unsigned char *)buf.buf + i * stride, lens[i], now);
+        fresh += rc > 0;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&lengths);
+    if (rc < 0)
+        return PyErr_NoMemory();
+    if (fresh && win_store(s) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(fresh);
+}
+
+/* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
+
+static int timer_live(const Stream *s, const Timer *timer) {
+    return s->in_flight[timer->t] && s->retries[timer->t] == timer->retries;
+}
+
+static PyObject *Stream_next_deadline(Stream *s, PyObject *Py_UNUSED(ignored)) {
+    if (unready(s))
+        return NULL;
+    double stall = s->last_progress + s->progress_timeout;
+    while (s->n_timers) {
+        if (timer_live(s, &s->timers[0]))
+            return PyFloat_FromDouble(dmin(s->timers[0].deadline, stall));
+        heap_pop(s);
+    }
+    return PyFloat_FromDouble(stall);
+}
+
+PyDoc_STRVAR(tick_doc,
+"tick(now) -> bool\n\n"
+"Retransmit what timed out. Returns True, doing nothing else, when progress stopped for the\n"
+"progress timeout: the caller raises (Reduction.tick raises itself).");
+
+static PyObject *Stream_tick(Stream *s, PyObject *arg) {
+    if (unready(s))
+        return NULL;
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (now - s->last_progress >= s->progress_timeout && s->n_done < s->total)
+        Py_RETURN_TRUE;
+    int changed = 0;
+    while (s->n_timers && s->timers[0].deadline <= now) {
+        Timer timer = s->timers[0];
+        heap_pop(s);
+        if (!timer_live(s, &timer))
+            continue;
+        if (s->n_done)  /* before a call's first result, silence means peers still on their way to it */
+            win_on_timeout(&s->w, now);
+        s->retransmissions++;
+        changed = 1;
+        if (send_entry(s, timer.t, now, timer.retries + 1) < 0)
+            return PyErr_NoMemory();
+    }
+    if (changed && win_store(s) < 0)
+        return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
+    PyObject *list = unready(s) ? NULL : PyList_New(0);
+    for (Py_ssize_t t = 0; list && t < s->total; t++) {
+        if (!s->in_flight[t])
+            continue;
+        Py_ssize_t slot;
+        int copy;
+        slot_copy(s, t, &slot, &copy);
+        PyObject *item = Py_BuildValue("(kni)", (unsigned long)(uint32_t)(s->first_id + (uint32_t)t), slot, copy);
+        if (item == NULL || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    return list;
+}
+
+/* ---- construction ------------------------------------------------------------------------------ */
+
+static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
+                             "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
+                             "progress_timeout", "started", NULL};
+    PyObject *window, *x, *out, *proposals, *copy0;
+    unsigned int job, worker, n_workers;
+    unsigned long key, generation, first_id;
+    Py_ssize_t k, n_chunks, rounds;
+    double now, progress_timeout;
+    int started;
+    if (s->window != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp", kwlist, &window, &x, &out, &proposals,
+                                     &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
+                                     &rounds, &first_id, &now, &progress_timeout, &started))
+        return -1;
+    Py_buffer copies;
+    if (PyObject_GetBuffer(copy0, &copies, PyBUF_SIMPLE) < 0)
+        return -1;
+    s->slots = copies.len;
+    s->floats = proposals != Py_None;
+    s->window = Py_NewRef(window);
+    s->job = (uint16_t)job;
+    s->worker = (uint8_t)worker;
+    s->key = (uint32_t)key;
+    s->generation = (uint32_t)generation;
+    s->first_id = (uint32_t)first_id;
+    s->log2n = 0;
+    while ((1u << s->log2n) < n_workers)
+        s->log2n++;
+    s->k = k;
+    s->n_chunks = n_chunks;
+    s->rounds = rounds;
+    s->total = rounds + n_chunks;
+    s->last_progress = now;
+    s->progress_timeout = progress_timeout;
+    s->started = started;
+    int rc = -1;
+    if (PyObject_GetBuffer(x, &s->x, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    if (PyObject_GetBuffer(out, &s->out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    s->numel = s->x.len / 4;
+    if (s->slots < 1 || k < 1 || s->x.itemsize != 4 || s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k
+            || rounds != (s->floats ? (s->slots < n_chunks ? s->slots : n_chunks) : 0)) {
+        PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
+                        "of values_per_packet, and rounds = min(slots, n_chunks) for floats, else 0");
+        goto done;
+    }
+    if (win_load(s) < 0)
+        goto done;
+    size_t total = (size_t)s->total + 1;
+    s->copy0 = malloc((size_t)s->slots);
+    s->proposals = malloc((size_t)n_chunks + 1);
+    s->done = calloc(total, 1);
+    s->in_flight = calloc(total, 1);
+    s->agreed = malloc(total);
+    s->retries = calloc(total, sizeof(long));
+    s->last_send = calloc(total, sizeof(double));
+    s->first_send = calloc(total, sizeof(double));
+    if (!s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
+            || !s->first_send) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(s->copy0, copies.buf, (size_t)s->slots);
+    memset(s->agreed, (unsigned char)(int8_t)EXP_NONE, total);
+    if (s->floats) {
+        Py_buffer p;
+        if (PyObject_GetBuffer(proposals, &p, PyBUF_SIMPLE) < 0)
+            goto done;
+        int fits = p.len == n_chunks;
+        if (fits)
+            memcpy(s->proposals, p.buf, (size_t)n_chunks);
+        PyBuffer_Release(&p);
+        if (!fits) {
+            PyErr_SetString(PyExc_ValueError, "Stream: one proposed exponent (int8) per chunk");
+            goto done;
+        }
+    }
+    rc = fill(s, now);
+    if (rc < 0)
+        PyErr_NoMemory();
+    s->ready = rc == 0;
+done:
+    PyBuffer_Release(&copies);
+    return rc;
+}
+
+static void Stream_dealloc(Stream *s) {
+    Py_XDECREF(s->window);
+    if (s->x.obj)
+        PyBuffer_Release(&s->x);
+    if (s->out.obj)
+        PyBuffer_Release(&s->out);
+    free(s->copy0);
+    free(s->proposals);
+    free(s->done);
+    free(s->in_flight);
+    free(s->agreed);
+    free(s->retries);
+    free(s->last_send);
+    free(s->first_send);
+    free(s->timers);
+    free(s->outbox);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *get_done(Stream *s, void *c) { return PyBool_FromLong(s->n_done == s->total); }
+static PyObject *get_started(Stream *s, void *c) { return PyBool_FromLong(s->started); }
+static PyObject *get_n_done(Stream *s, void *c) { return PyLong_FromSsize_t(s->n_done); }
+static PyObject *get_total(Stream *s, void *c) { return PyLong_FromSsize_t(s->total); }
+static PyObject *get_rounds(Stream *s, void *c) { return PyLong_FromSsize_t(s->rounds); }
+static PyObject *get_retransmissions(Stream *s, void *c) { return PyLong_FromLong(s->retransmissions); }
+static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
+static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
+
+static PyGetSetDef Stream_getset[] = {
+    {"done", (getter)get_done, NULL, "every packet's result is in", NULL},
+    {"started", (getter)get_started, NULL, "a result ever came back (this call or, as given, an earlier one)", NULL},
+    {"n_done", (getter)get_n_done, NULL, NULL, NULL},
+    {"total", (getter)get_total, NULL, "packets of the call: the exponent round and the data chunks", NULL},
+    {"rounds", (getter)get_rounds, NULL, "packets of the exponent round", NULL},
+    {"retransmissions", (getter)get_retransmissions, NULL, NULL, NULL},
+    {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},
+    {"due", (getter)get_outbox_len, NULL, "packets waiting for emit()", NULL},
+    {NULL},
+};
+
+static PyMethodDef Stream_methods[] = {
+    {"emit", (PyCFunction)Stream_emit, METH_O, emit_doc},
+    {"receive_batch", (PyCFunction)Stream_receive_batch, METH_VARARGS, receive_batch_doc},
+    {"next_deadline", (PyCFunction)Stream_next_deadline, METH_NOARGS,
+     "When tick() has something to do: a retransmission or the progress timeout."},
+    {"tick", (PyCFunction)Stream_tick, METH_O, tick_doc},
+    {"pending", (PyCFunction)Stream_pending, METH_NOARGS, "(chunk id, slot, copy) of every outstanding packet, oldest first."},
+    {NULL},
+};
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "switchagg._kernels.Stream",
+    .tp_basicsize = sizeof(Stream),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = PyDoc_STR("One allreduce call of numpy data, as protocol.Reduction does it (see _stream.c)."),
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Stream_init,
+    .tp_dealloc = (destructor)Stream_dealloc,
+    .tp_methods = Stream_methods,
+    .tp_getset = Stream_getset,
+};
+
+int sa_add_stream_type(PyObject *module) {
+    if (PyType_Ready(&StreamType) < 0 || PyModule_AddObjectRef(module, "Stream", (PyObject *)&StreamType) < 0)
+        return -1;
+    PyObject *layout = Py_BuildValue(
+        "((sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii))",
+        "version", 0, 1, "type", 1, 1, "flags", 2, 1, "worker", 3, 1, "job", 4, 2, "slot", 6, 2,
+        "chunk", 8, 4, "generation", 12, 4, "key", 16, 4, "exponent", 20, 1, "reserved", 21, 1, "count", 22, 2);
+    PyObject *wire = Py_BuildValue("{sisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
+                                   "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "FLAG_COPY", FLAG_COPY,
+                                   "EXP_NONE", EXP_NONE);
+    int rc = layout && wire && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
+             && PyModule_AddObjectRef(module, "WIRE", wire) == 0 ? 0 : -1;
+    Py_XDECREF(layout);
+    Py_XDECREF(wire);
+    return rc;
+}
