@@ -219,6 +219,16 @@ static PyObject *block_maxabs(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(bad);
 }
 
+void sa_add_be(unsigned char *acc, const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+#if LANES
+    if (use_simd)
+        i = add_be_simd(s, acc, n);
+#endif
+    for (; i < n; i++)
+        store_u32(acc + 4 * i, swap32(swap32(load_u32(acc + 4 * i)) + swap32(load_u32(s + 4 * i))));
+}
+
 PyDoc_STRVAR(add_be_doc,
 "add_be(acc, src)\n\n"
 "Add big-endian int32 ``src`` into big-endian int32 ``acc``, wrapping modulo 2**32 like the\n"
@@ -234,15 +244,7 @@ static PyObject *add_be(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "add_be: %zd bytes added to %zd", in.len, out.len);
     }
     Py_BEGIN_ALLOW_THREADS
-    const unsigned char *s = in.buf;
-    unsigned char *acc = out.buf;
-    Py_ssize_t i = 0, n = out.len / 4;
-#if LANES
-    if (use_simd)
-        i = add_be_simd(s, acc, n);
-#endif
-    for (; i < n; i++)
-        store_u32(acc + 4 * i, swap32(swap32(load_u32(acc + 4 * i)) + swap32(load_u32(s + 4 * i))));
+    sa_add_be(out.buf, in.buf, out.len / 4);
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;
@@ -258,7 +260,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "switchagg._kernels",
-    "One-pass loops of the block floating point codec and of the switch's adds; the worker's Stream.", -1, methods,
+    "One-pass loops of the block floating point codec and of the switch's adds; the worker's Stream; the "
+    "embedded switch's data plane.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) {
@@ -267,7 +270,8 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     use_simd = __builtin_cpu_supports("avx2") && getenv("SWITCHAGG_NO_SIMD") == NULL;
 #endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0 || sa_add_stream_type(m) < 0)) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0 || sa_add_stream_type(m) < 0
+                      || sa_add_switch_type(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -12,31 +12,17 @@
  * protocol.Window object: its fields are read at construction and written back after each call
  * that changes them, so the next call (either implementation) starts with what this one learned.
  *
- * The header layout follows switchagg/wire.py (HEADER_LAYOUT and WIRE below; a test holds them to it).
+ * The header layout is _wire.h's (HEADER_LAYOUT and WIRE below; a test holds them to wire.py).
  */
 #include "_kernels.h"  /* Python.h first */
+#include "_wire.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define HEADER_SIZE 24
-#define VERSION 1
-#define TYPE_CONTRIB 1
-#define TYPE_RESULT 2
-#define FLAG_COPY 1
-#define EXP_NONE (-128)
 #define MIN_EXPONENT (-127)
-
-static inline uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t get32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline void put16(unsigned char *p, uint16_t v) { p[0] = v >> 8; p[1] = (unsigned char)v; }
-static inline void put32(unsigned char *p, uint32_t v) {
-    p[0] = v >> 24; p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
-}
 
 /* protocol.Window's state; the names are its attributes. */
 typedef struct {
@@ -313,18 +299,18 @@ static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
         proposal = s->proposals[t];
     else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
         proposal = s->proposals[t - s->rounds + s->slots];
-    row[0] = VERSION;
-    row[1] = TYPE_CONTRIB;
-    row[2] = (unsigned char)(copy & FLAG_COPY);
-    row[3] = s->worker;
-    put16(row + 4, s->job);
-    put16(row + 6, (uint16_t)slot);
-    put32(row + 8, (uint32_t)(s->first_id + (uint32_t)t));
-    put32(row + 12, s->generation);
-    put32(row + 16, s->key);
-    row[20] = (unsigned char)(int8_t)proposal;
-    row[21] = 0;
-    put16(row + 22, (uint16_t)s->k);
+    row[OFF_VERSION] = VERSION;
+    row[OFF_TYPE] = TYPE_CONTRIB;
+    row[OFF_FLAGS] = (unsigned char)(copy & FLAG_COPY);
+    row[OFF_WORKER] = s->worker;
+    put16(row + OFF_JOB, s->job);
+    put16(row + OFF_SLOT, (uint16_t)slot);
+    put32(row + OFF_CHUNK, (uint32_t)(s->first_id + (uint32_t)t));
+    put32(row + OFF_GENERATION, s->generation);
+    put32(row + OFF_KEY, s->key);
+    row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
+    row[OFF_RESERVED] = 0;
+    put16(row + OFF_COUNT, (uint16_t)s->k);
     unsigned char *values = row + HEADER_SIZE;
     if (t < s->rounds) {  /* the exponent round carries zeros */
         memset(values, 0, 4 * (size_t)s->k);
@@ -373,22 +359,22 @@ static PyObject *Stream_emit(Stream *s, PyObject *arg) {
 
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
-    if (length < HEADER_SIZE || p[1] != TYPE_RESULT || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + 22))
+    if (length < HEADER_SIZE || p[OFF_TYPE] != TYPE_RESULT || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT))
         return 0;
-    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + 8) - s->first_id);
-    if (p[3] != s->worker || get16(p + 4) != s->job || get32(p + 12) != s->generation || get32(p + 16) != s->key
-            || get16(p + 22) != s->k || t >= s->total || !s->in_flight[t])
+    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
+    if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation || get32(p + OFF_KEY) != s->key
+            || get16(p + OFF_COUNT) != s->k || t >= s->total || !s->in_flight[t])
         return 0;  /* a duplicate, a stale result, or not ours */
     Py_ssize_t slot;
     int copy;
     slot_copy(s, t, &slot, &copy);
-    if (get16(p + 6) != slot || (p[2] & FLAG_COPY) != copy)
+    if (get16(p + OFF_SLOT) != slot || (p[OFF_FLAGS] & FLAG_COPY) != copy)
         return 0;
     s->in_flight[t] = 0;
     s->n_in_flight--;
     s->done[t] = 1;
     s->n_done++;
-    s->agreed[t] = (int8_t)p[20];
+    s->agreed[t] = (int8_t)p[OFF_EXPONENT];
     if (t >= s->rounds) {
         Py_ssize_t start = (t - s->rounds) * s->k;
         Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
@@ -684,11 +670,13 @@ int sa_add_stream_type(PyObject *module) {
         return -1;
     PyObject *layout = Py_BuildValue(
         "((sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii))",
-        "version", 0, 1, "type", 1, 1, "flags", 2, 1, "worker", 3, 1, "job", 4, 2, "slot", 6, 2,
-        "chunk", 8, 4, "generation", 12, 4, "key", 16, 4, "exponent", 20, 1, "reserved", 21, 1, "count", 22, 2);
-    PyObject *wire = Py_BuildValue("{sisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
-                                   "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "FLAG_COPY", FLAG_COPY,
-                                   "EXP_NONE", EXP_NONE);
+        "version", OFF_VERSION, 1, "type", OFF_TYPE, 1, "flags", OFF_FLAGS, 1, "worker", OFF_WORKER, 1,
+        "job", OFF_JOB, 2, "slot", OFF_SLOT, 2, "chunk", OFF_CHUNK, 4, "generation", OFF_GENERATION, 4,
+        "key", OFF_KEY, 4, "exponent", OFF_EXPONENT, 1, "reserved", OFF_RESERVED, 1, "count", OFF_COUNT, 2);
+    PyObject *wire = Py_BuildValue("{sisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
+                                   "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
+                                   "PROBE_REPLY", TYPE_PROBE_REPLY, "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
+                                   "MAX_WORKERS", MAX_WORKERS);
     int rc = layout && wire && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0 ? 0 : -1;
     Py_XDECREF(layout);

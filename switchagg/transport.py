@@ -75,11 +75,15 @@ _LIBC = _load_libc()
 BATCHED_AVAILABLE = _LIBC is not None
 
 
-def _sockaddr(addr: Address) -> bytes:
+NAME_SIZE = 16  # sizeof(struct sockaddr_in)
+
+
+def sockaddr_in(addr: Address) -> bytes:
+    """``addr`` as the kernel's sockaddr_in, the form sendmmsg, recvmmsg and the C switch use."""
     return struct.pack("=H", socket.AF_INET) + struct.pack(">H", addr[1]) + socket.inet_aton(addr[0]) + bytes(8)
 
 
-def _address(raw: bytes) -> Address:
+def from_sockaddr_in(raw: bytes) -> Address:
     return socket.inet_ntoa(raw[4:8]), struct.unpack(">H", raw[2:4])[0]
 
 
@@ -141,7 +145,10 @@ class UdpSocket:
         self.in_lengths = np.zeros(batch, dtype=np.uint32)  # and their lengths
         self._rview = memoryview(self.in_rows).cast("B")
         self._names: dict[Address, tuple[ctypes.Array, int]] = {}
+        self.in_names = np.zeros((batch, NAME_SIZE), dtype=np.uint8)  # and, unconnected, their sources
         self.out_rows = np.empty((batch, max_datagram), dtype=np.uint8)  # what send_rows sends
+        self.out_lengths = np.zeros(batch, dtype=np.uint32)  # and, for send_rows_to, their lengths
+        self.out_names = np.zeros((batch, NAME_SIZE), dtype=np.uint8)  # and destinations
         if self.batched:
             # Column views of the mmsghdr arrays, made once: numpy builds a new view per field access.
             self._svec, self._siov = self._vectors(self.out_rows, named=peer is None, parts=2)
@@ -154,9 +161,9 @@ class UdpSocket:
             self._rvec, self._riov = self._vectors(self.in_rows, named=peer is None)
             rmsg = np.frombuffer(self._rvec, dtype=_MMSG_VIEW)
             self._rnamelen, self._rlen = rmsg["namelen"], rmsg["len"]
-            self._rnames = np.zeros((batch, 16), dtype=np.uint8)
             if peer is None:
-                rmsg["name"] = self._rnames.ctypes.data + 16 * np.arange(batch)
+                rmsg["name"] = self.in_names.ctypes.data + NAME_SIZE * np.arange(batch)
+                self._out_name_pointers = self.out_names.ctypes.data + NAME_SIZE * np.arange(batch, dtype=np.uintp)
             self._addresses: dict[bytes, Address] = {}
             self._fd = self.sock.fileno()
             self._svec_at, self._rvec_at = ctypes.addressof(self._svec), ctypes.addressof(self._rvec)
@@ -170,7 +177,7 @@ class UdpSocket:
             first.base, first.len = rows.ctypes.data + i * rows.shape[1], rows.shape[1]
             vec[i].hdr.iov = ctypes.pointer(first)
             vec[i].hdr.iovlen = 1
-            vec[i].hdr.namelen = 16 if named else 0
+            vec[i].hdr.namelen = NAME_SIZE if named else 0
         return vec, iovs
 
     @property
@@ -275,6 +282,26 @@ class UdpSocket:
         self.stats.refused += refused
         return refused
 
+    def send_rows_to(self, n: int) -> int:
+        """Send row i of :attr:`out_rows` (:attr:`out_lengths` [i] bytes) to the sockaddr_in in row i of
+        :attr:`out_names`, for i < ``n``: the path of the C switch, which writes all three.
+
+        Returns how many the kernel refused (lost).
+        """
+        if self.peer is not None or not 0 <= n <= self.batch:
+            raise ValueError("send_rows_to needs an unconnected socket and n <= batch")
+        if self.batched:
+            self._shead_len[:n] = self.out_lengths[:n]
+            self._siovlen[:n] = 1
+            self._sname[:n] = self._out_name_pointers[:n]
+            self._rows_size = 0
+            refused = self._sendmmsg(n) if n else 0
+        else:
+            refused = self._send_plain([((self.out_rows[i, :self.out_lengths[i]],),
+                                         from_sockaddr_in(self.out_names[i].tobytes())) for i in range(n)])
+        self.stats.refused += refused
+        return refused
+
     def _sendmmsg(self, n: int) -> int:
         """sendmmsg the first ``n`` prepared messages; a refused one is skipped and counted."""
         done = refused = 0
@@ -297,7 +324,7 @@ class UdpSocket:
         """The address of a sockaddr_in for ``addr``, made once and kept."""
         entry = self._names.get(addr)
         if entry is None:
-            buf = ctypes.create_string_buffer(_sockaddr(addr), 16)
+            buf = ctypes.create_string_buffer(sockaddr_in(addr), NAME_SIZE)
             entry = self._names[addr] = (buf, ctypes.addressof(buf))
         return entry[1]
 
@@ -319,15 +346,17 @@ class UdpSocket:
     def recv_rows(self, timeout: float = 0.0) -> int:
         """Up to ``batch`` datagrams into the rows of :attr:`in_rows`, their lengths into :attr:`in_lengths`.
 
-        Waits at most ``timeout`` for the first; returns how many. Source addresses are not
-        kept: this is for a connected socket, which hears only its peer. No Python object is
-        made per datagram, which is the point.
+        Waits at most ``timeout`` for the first; returns how many. An unconnected socket puts
+        each datagram's source, a sockaddr_in, in the rows of :attr:`in_names`. No Python object
+        is made per datagram by the batched backend, which is the point.
         """
         if timeout > 0 and not self.wait(timeout):
             return 0
         if not self.batched:
             got = self._recv_plain()
             self.in_lengths[:len(got)] = [len(view) for view, _ in got]
+            for i, (_, addr) in enumerate(got):
+                self.in_names[i] = np.frombuffer(sockaddr_in(addr), dtype=np.uint8)
             return len(got)
         got = self._recvmmsg()
         self.in_lengths[:got] = self._rlen[:got]
@@ -354,7 +383,7 @@ class UdpSocket:
     def _recvmmsg(self) -> int:
         """recvmmsg into the rows; how many datagrams came (0 when none waited)."""
         if self.peer is None:
-            self._rnamelen[:] = 16
+            self._rnamelen[:] = NAME_SIZE
         while True:
             self.stats.recv_calls += 1
             got = _LIBC.recvmmsg(self._fd, self._rvec_at, self.batch, socket.MSG_DONTWAIT, None)
@@ -375,15 +404,15 @@ class UdpSocket:
         lengths = self._rlen[:got].tolist()
         if self.peer is not None:
             return [(view[i * size:i * size + length], self.peer) for i, length in enumerate(lengths)]
-        names = self._rnames[:got].tobytes()
+        names = self.in_names[:got].tobytes()
         known = self._addresses
         if len(known) > _MAX_NAMES:
             known.clear()
         out = []
         for i, length in enumerate(lengths):
-            raw = names[16 * i:16 * i + 16]
+            raw = names[NAME_SIZE * i:NAME_SIZE * (i + 1)]
             addr = known.get(raw)
             if addr is None:
-                addr = known[raw] = _address(raw)
+                addr = known[raw] = from_sockaddr_in(raw)
             out.append((view[i * size:i * size + length], addr))
         return out

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from switchagg import Client, ConfigError, JobNotStarted, QuantizationError, StallError
+from switchagg import Client, ConfigError, JobNotStarted, QuantizationError, SoftSwitch, StallError
 from switchagg.wire import PacketType, make_header
 
 from .conftest import loopback_config, run_ranks
@@ -126,6 +126,21 @@ def test_sums_in_place_and_into_an_overlapping_out(make_job):
         assert np.max(np.abs(x - exact)) <= tolerance(xs, 3)
         assert np.max(np.abs(mean - exact / 3)) <= tolerance(xs, 3) / 3 + 1e-6
         assert np.max(np.abs(shifted - exact)) <= tolerance(xs, 3)
+
+
+def test_the_pure_model_serves_the_same_sums_as_the_c_switch():
+    """SoftSwitch(native=False) serves with SwitchModel itself: the same bits come back."""
+    xs = inputs(3, 20_000, seed=7)
+    results = []
+    for native in (True, False):
+        with SoftSwitch(("127.0.0.1", 0), native=native) as sw:
+            cfg = loopback_config(3, switch_port=sw.address[1], k=512, slot_count=8)
+            sw.add_job(cfg)
+            out = run_ranks(3, lambda r, cfg=cfg: once(cfg, r, xs[r]))
+            assert not any(isinstance(o, BaseException) for o in out), out
+            results.append(out[0])
+            assert sw.counters()["jobs"][1]["results_multicast"] > 0 and sw.error is None
+    assert np.array_equal(results[0], results[1])
 
 
 def test_several_jobs_on_one_switch_are_isolated(make_job):

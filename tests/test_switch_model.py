@@ -1,4 +1,6 @@
-"""Every rule of the switch semantics (docs/protocol.md, "Switch state"), on the pure model."""
+"""Every rule of the switch semantics (docs/protocol.md, "Switch state"), on the pure model and on
+NativeSwitch, its C twin that the embedded switch serves with; then seeded random traffic through
+both, every packet out and every counter compared."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import numpy as np
 import pytest
 
 from switchagg.errors import ConfigError
-from switchagg.switch.model import RESULTS_KEPT, STAGES, JobEntry, SwitchModel, chunk_is_newer
+from switchagg.switch.model import RESULTS_KEPT, STAGES, JobEntry, NativeSwitch, SwitchModel, chunk_is_newer
+from switchagg.transport import NAME_SIZE, sockaddr_in
 from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 K = 4
@@ -28,9 +31,15 @@ def src(worker):
     return (f"10.0.0.{worker + 1}", 5000 + worker)
 
 
+@pytest.fixture(params=[SwitchModel, NativeSwitch])
+def model(request):
+    """Each test runs on the reference model and on its C twin."""
+    return request.param
+
+
 @pytest.fixture
-def sw():
-    m = SwitchModel(num_slots=16)
+def sw(model):
+    m = model(num_slots=16)
     m.add_job(job())
     return m
 
@@ -138,8 +147,8 @@ def test_two_shadow_copies_are_independent(sw):
     assert decode(out[0])[1].tolist() == [6] * K
 
 
-def test_generation_bump_treats_old_state_as_empty():
-    m = SwitchModel(16)
+def test_generation_bump_treats_old_state_as_empty(model):
+    m = model(16)
     m.add_job(job(gen=1))
     m.process(pkt(0, 50, gen=1), src(0))
     m.process(pkt(1, 50, gen=1), src(1))
@@ -199,8 +208,8 @@ def test_probe_is_answered_with_the_generation_only_when_admitted(sw):
     assert jc(sw)["probes"] == 1 and sw.counters()["global"]["not_admitted"] == 1
 
 
-def test_jobs_are_isolated_and_cannot_overlap():
-    m = SwitchModel(16)
+def test_jobs_are_isolated_and_cannot_overlap(model):
+    m = model(16)
     m.add_job(job(job_id=1, base=0, slots=4))
     with pytest.raises(ConfigError, match="overlap"):
         m.add_job(job(job_id=2, base=3, slots=4))
@@ -216,7 +225,9 @@ def test_jobs_are_isolated_and_cannot_overlap():
     assert m.slot_state(1, 0)[0]["count"] == 1  # job 1's slot 0 is untouched
 
 
-def test_each_packet_touches_registers_once_in_the_documented_order(sw):
+def test_each_packet_touches_registers_once_in_the_documented_order():
+    sw = SwitchModel(16)  # the reference model records the order; the C twin is held to its output
+    sw.add_job(job())
     sw.trace = []
     cases = [pkt(0, 1), pkt(0, 1), pkt(1, 1), pkt(2, 1), pkt(2, 1), pkt(0, 0)]
     for data in cases:
@@ -233,3 +244,93 @@ def test_sums_wrap_like_int32_hardware(sw):
     sw.process(pkt(1, 1, [1] * K), src(1))
     out = sw.process(pkt(2, 1, [0] * K), src(2))
     assert decode(out[0])[1].tolist() == [-(2**31)] * K
+
+
+def test_counters_outlive_a_reset_and_go_with_the_job(model):
+    m = model(16)
+    m.add_job(job())
+    m.process(pkt(0, 1), src(0))
+    m.set_generation(1, 10)
+    assert jc(m)["contributions"] == 1
+    m.remove_job(1)
+    assert 1 not in m.counters()["jobs"]
+    m.add_job(job())
+    assert jc(m)["contributions"] == 0
+    assert m.process(pkt(0, 1), src(0)) == []  # admitted again: a first write
+
+
+def random_traffic(rng, n_packets):
+    """Two jobs' workers sending, retransmitting, going stale, plus strangers and broken packets."""
+    jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5), job(job_id=7, n=5, base=2, slots=3, gen=6, k=6)]
+    current = {}  # (job, slot, copy) -> the chunk its workers are on; ids start just before the wrap
+    for _ in range(n_packets):
+        j = jobs[rng.integers(len(jobs))]
+        worker = int(rng.integers(j.n_workers))
+        slot, copy = int(rng.integers(j.slot_count)), int(rng.integers(2))
+        chunk = current.setdefault((j.job_id, slot, copy), 0xFFFFFFFE)
+        if rng.random() < 0.08:
+            chunk = current[(j.job_id, slot, copy)] = (chunk + 1) & 0xFFFFFFFF
+        elif rng.random() < 0.05:
+            chunk = (chunk - 1) & 0xFFFFFFFF  # a late duplicate of the chunk before
+        values = rng.integers(-(2**31), 2**31, j.values_per_packet + (rng.random() < 0.02))  # some of wrong K
+        kw = dict(job_id=j.job_id, slot=slot, copy=copy, gen=j.generation, exp=int(rng.integers(-128, 128)))
+        data, source = pkt(worker, chunk, values, **kw), j.workers[worker]
+        roll = rng.random()
+        if roll < 0.05:
+            data = data[: rng.integers(len(data))]  # truncated
+        elif roll < 0.08:
+            source = ("10.9.9.9", 4000)  # a stranger
+        elif roll < 0.10:
+            data = pkt(worker, chunk, values, **{**kw, "gen": kw["gen"] + 1})  # another run
+        elif roll < 0.12:
+            data = make_header(PacketType.PROBE, job=j.job_id, worker=worker, key=KEY).pack()
+        elif roll < 0.15:
+            b = bytearray(data)
+            b[rng.integers(HEADER_SIZE)] ^= 1 << int(rng.integers(8))  # a flipped header bit
+            data = bytes(b)
+        yield data, source
+
+
+def test_native_switch_matches_the_model_on_random_traffic():
+    rng = np.random.default_rng(20261203)
+    ref, native = SwitchModel(8), NativeSwitch(8)
+    for m in (ref, native):
+        m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5))
+        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6))
+    emitted = 0
+    for i, (data, source) in enumerate(random_traffic(rng, 4000)):
+        if i == 2000:
+            for m in (ref, native):
+                m.set_generation(7, 6)  # the same generation: a no-op reset keeps the state
+                m.set_generation(1, 8)
+        want, got = ref.process(data, source), native.process(data, source)
+        assert [(e.dst, e.payload()) for e in got] == [(e.dst, e.payload()) for e in want], f"packet {i}"
+        emitted += len(want)
+    assert native.counters() == ref.counters()
+    jobs = ref.counters()["jobs"]
+    assert emitted > 200 and all(ref.counters()["global"].values())  # the traffic exercised every path
+    assert all(jobs[1][c] or jobs[7][c] for c in jobs[1])
+
+
+def test_process_rows_stops_where_a_multicast_might_not_fit_and_resumes():
+    """The server's batch path: packets out in the model's order, however the out rows split them."""
+    ref, native = SwitchModel(16), NativeSwitch(16)
+    for m in (ref, native):
+        m.add_job(job(n=3))
+    traffic = [(pkt(w, c), src(w)) for c in range(1, 5) for w in range(3)] + [(pkt(1, 4), src(1))]
+    width = len(traffic[0][0])
+    rows = np.zeros((len(traffic), width), np.uint8)
+    names = np.zeros((len(traffic), NAME_SIZE), np.uint8)
+    for i, (data, source) in enumerate(traffic):
+        rows[i], names[i] = np.frombuffer(data, np.uint8), np.frombuffer(sockaddr_in(source), np.uint8)
+    lengths = np.full(len(traffic), width, np.uint32)
+    out, out_lengths, out_names = np.zeros((4, width), np.uint8), np.zeros(4, np.uint32), np.zeros((4, 16), np.uint8)
+    got, start, calls = [], 0, 0
+    while start < len(traffic):
+        start, made = native.process_rows(rows, lengths, names, start, len(traffic), out, out_lengths, out_names)
+        got += [(bytes(out_names[i]), out[i, :out_lengths[i]].tobytes()) for i in range(made)]
+        calls += 1
+    want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
+    assert got == want and len(want) == 13 and calls > 1
+    with pytest.raises(ValueError, match="multicast"):
+        native.process_rows(rows, lengths, names, 0, 1, out[:2], out_lengths, out_names)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
+from switchagg.transport import BATCHED_AVAILABLE, UdpSocket, from_sockaddr_in, sockaddr_in
 
 
 def exchange(batched: bool, count: int = 200):
@@ -127,3 +127,29 @@ def test_recv_rows_puts_each_datagram_in_its_row_with_its_length(batched):
             assert n <= 8
             got += [rx.in_rows[i, :rx.in_lengths[i]].tobytes() for i in range(n)]
     assert got == sent
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_rows_go_to_their_names_and_come_back_with_their_sources(batched):
+    """The C switch's path: an unconnected socket sends row i to name i, and hears where rows came from."""
+    with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as sw, \
+            UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as a, \
+            UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as b:
+        for i, dst in enumerate([a, b, a, b, b]):
+            sw.out_rows[i, :i + 1] = i
+            sw.out_lengths[i] = i + 1
+            sw.out_names[i] = np.frombuffer(sockaddr_in(dst.address), np.uint8)
+        assert sw.send_rows_to(5) == 0
+        heard = {}
+        for rx in (a, b):
+            n = 0
+            deadline = time.monotonic() + 5
+            while n < (2 if rx is a else 3) and time.monotonic() < deadline:
+                n += rx.recv_rows(0.5)
+            heard[rx] = n
+            assert from_sockaddr_in(rx.in_names[0].tobytes()) == sw.address
+        assert heard == {a: 2, b: 3}
+        assert b.in_rows[2, :b.in_lengths[2]].tobytes() == bytes([4] * 5)
+        a.send([((b"hi",), sw.address)])
+        assert sw.recv_rows(1.0) == 1
+        assert from_sockaddr_in(sw.in_names[0].tobytes()) == a.address

@@ -13,6 +13,7 @@ stages. Set :attr:`SwitchModel.trace` to a list to record that order.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -22,6 +23,7 @@ import numpy as np
 from .. import _kernels
 from ..config import JobConfig
 from ..errors import ConfigError
+from ..transport import NAME_SIZE, from_sockaddr_in, sockaddr_in
 from ..wire import (
     FLAG_COPY,
     HEADER_SIZE,
@@ -101,18 +103,20 @@ class SwitchModel:
         if not 1 <= num_slots <= 0x10000:
             raise ConfigError(f"num_slots = {num_slots}: a switch has 1..65536 slots")
         self.num_slots = num_slots
-        size = 2 * num_slots
-        # Power-up state is all zeros: generation 0 is never installed, so every copy is empty.
-        self.tag = [0] * size  # generation << 32 | chunk id
-        self.bitmap = [0] * size
-        self.count = [0] * size
-        self.exponent = [0] * size
-        self.values: list[np.ndarray | None] = [None] * size
         self.jobs: dict[int, JobEntry] = {}
         self._admission: dict[tuple[int, int, str, int, int], JobEntry] = {}
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
+        self._power_up(2 * num_slots)
+
+    def _power_up(self, size: int) -> None:
+        """The registers, ``size`` copies each, all zeros: generation 0 is never installed, so every copy is empty."""
+        self.tag = [0] * size  # generation << 32 | chunk id
+        self.bitmap = [0] * size
+        self.count = [0] * size
+        self.exponent = [0] * size
+        self.values: list[np.ndarray | None] = [None] * size
         self._results: dict[int, list] = {}  # K -> [RESULTS_KEPT result buffers, the next one]
 
     # ---- control plane -------------------------------------------------------------------------
@@ -134,8 +138,13 @@ class SwitchModel:
                     f"{other.job_id}'s {theirs.start}..{theirs.stop - 1}: give it another slot_base")
         if not 1 <= entry.n_workers <= MAX_WORKERS:
             raise ConfigError(f"job {entry.job_id} has {entry.n_workers} workers; 1..{MAX_WORKERS} are allowed")
-        self.jobs[entry.job_id] = entry
         self.job_counters[entry.job_id] = [0] * len(JobCounter)
+        self._install(entry)
+
+    def _install(self, entry: JobEntry) -> None:
+        """Write a job's admission entries (a new job's, or an installed one's new generation)."""
+        self.jobs[entry.job_id] = entry
+        self._admission = {k: v for k, v in self._admission.items() if k[0] != entry.job_id}
         for rank, (ip, port) in enumerate(entry.workers):
             self._admission[(entry.job_id, rank, ip, port, entry.key)] = entry
 
@@ -148,15 +157,14 @@ class SwitchModel:
         return entry
 
     def set_generation(self, job_id: int, generation: int) -> None:
-        """Reset a job: state of the old generation now reads as empty; no register is swept."""
+        """Reset a job: state of the old generation now reads as empty; no register is swept.
+
+        Like the P4 counters, the job's counters outlive the reset.
+        """
         entry = self.jobs.get(job_id)
         if entry is None:
             raise ConfigError(f"job {job_id} is not installed on this switch")
-        counters = self.job_counters[job_id]  # like the P4 counters, they outlive the reset
-        self.remove_job(job_id)
-        self.add_job(JobEntry(entry.job_id, generation, entry.key, entry.slot_base,
-                              entry.slot_count, entry.values_per_packet, entry.workers))
-        self.job_counters[job_id] = counters
+        self._install(dataclasses.replace(entry, generation=generation))
 
     # ---- data plane ----------------------------------------------------------------------------
 
@@ -280,21 +288,84 @@ class SwitchModel:
 
     def counters(self) -> dict[str, object]:
         """All counters by name: switch-wide drops, and per job its events and drops."""
-        return {
-            "global": {r.name.lower(): self.global_counters[r] for r in GlobalDrop},
-            "jobs": {
-                job_id: {c.name.lower(): values[c] for c in JobCounter}
-                for job_id, values in self.job_counters.items()
-            },
-        }
+        return _named_counters(self.global_counters, self.job_counters)
 
     def slot_state(self, job_id: int, slot: int) -> list[dict[str, int]]:
         """Both copies of a job's slot, for diagnosing a stall (which workers are missing)."""
         job = self.jobs[job_id]
         out = []
         for copy in (0, 1):
-            i = 2 * (job.slot_base + slot) + copy
-            live = self.tag[i] >> 32 == job.generation
-            out.append({"copy": copy, "chunk": self.tag[i] & _U32 if live else None,
-                        "bitmap": self.bitmap[i] if live else 0, "count": self.count[i] if live else 0})
+            tag, bitmap, count = self._copy_state(2 * (job.slot_base + slot) + copy)
+            live = tag >> 32 == job.generation
+            out.append({"copy": copy, "chunk": tag & _U32 if live else None,
+                        "bitmap": bitmap if live else 0, "count": count if live else 0})
         return out
+
+    def _copy_state(self, i: int) -> tuple[int, int, int]:
+        return self.tag[i], self.bitmap[i], self.count[i]
+
+
+def _named_counters(global_counters: list[int], job_counters: dict[int, list[int]]) -> dict[str, object]:
+    return {
+        "global": {r.name.lower(): global_counters[r] for r in GlobalDrop},
+        "jobs": {job_id: {c.name.lower(): values[c] for c in JobCounter} for job_id, values in job_counters.items()},
+    }
+
+
+class NativeSwitch(SwitchModel):
+    """:class:`SwitchModel` with its registers, admission and counters in C (``switchagg/_switch.c``).
+
+    The same rules, in the same order, with the same packets out: the embedded switch's
+    server runs this one, because in Python the switch spends more CPU per packet than the
+    workers it serves. The control plane (validation, job table) is the model's; the data
+    plane takes a batch of datagrams as rows (:meth:`process_rows`), as the server's socket
+    lays them out. :meth:`process` takes one datagram, for tests and the plain socket
+    backend. The stage trace is not recorded here: the model documents the order.
+    """
+
+    def _power_up(self, size: int) -> None:
+        self._core = _kernels.Switch(size // 2)
+
+    def _install(self, entry: JobEntry) -> None:
+        super()._install(entry)
+        names = b"".join(sockaddr_in(address) for address in entry.workers)
+        self._core.install(entry.job_id, entry.generation, entry.key, entry.slot_base, entry.slot_count,
+                           entry.values_per_packet, names)
+
+    def remove_job(self, job_id: int) -> JobEntry:
+        entry = super().remove_job(job_id)
+        self._core.remove(job_id)
+        return entry
+
+    def process_rows(self, in_rows: np.ndarray, in_lengths: np.ndarray, in_names: np.ndarray, start: int,
+                     stop: int, out_rows: np.ndarray, out_lengths: np.ndarray,
+                     out_names: np.ndarray) -> tuple[int, int]:
+        """Datagrams ``start..stop-1`` in, packets to send out; see ``_kernels.Switch.process``.
+
+        Returns the next datagram to handle (it stops early when the out rows might not hold
+        the next one's packets) and how many packets it wrote.
+        """
+        return self._core.process(in_rows, in_lengths, in_names, start, stop, out_rows, out_lengths, out_names)
+
+    def process(self, data: bytes | memoryview, src: Address) -> list[Emit]:
+        size = max(len(data), HEADER_SIZE)
+        rows = np.zeros((1, size), dtype=np.uint8)
+        rows[0, :len(data)] = np.frombuffer(data, dtype=np.uint8)
+        names = np.frombuffer(sockaddr_in(src), dtype=np.uint8).reshape(1, NAME_SIZE)
+        out = np.empty((MAX_WORKERS, size), dtype=np.uint8)
+        out_lengths = np.empty(MAX_WORKERS, dtype=np.uint32)
+        out_names = np.empty((MAX_WORKERS, NAME_SIZE), dtype=np.uint8)
+        _, made = self.process_rows(rows, np.array([len(data)], dtype=np.uint32), names, 0, 1, out, out_lengths,
+                                    out_names)
+        emits = []
+        for i in range(made):
+            payload = out[i, :out_lengths[i]].tobytes()
+            values = values_of(payload, (len(payload) - HEADER_SIZE) // 4) if len(payload) > HEADER_SIZE else None
+            emits.append(Emit(from_sockaddr_in(out_names[i].tobytes()), unpack_header(payload), values))
+        return emits
+
+    def counters(self) -> dict[str, object]:
+        return _named_counters(self._core.counters(None), {job: self._core.counters(job) for job in self.jobs})
+
+    def _copy_state(self, i: int) -> tuple[int, int, int]:
+        return self._core.copy_state(i)[:3]

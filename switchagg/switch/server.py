@@ -1,4 +1,7 @@
-"""The embedded software switch: :class:`SwitchModel` behind a batched UDP socket.
+"""The embedded software switch: the switch semantics behind a batched UDP socket.
+
+It serves with :class:`NativeSwitch` (the model's rules in C, no Python object per
+packet) unless asked for the pure :class:`SwitchModel`, which a test runs end to end.
 
 It is the default target (no hardware, no BMv2) and runs in-process (threads)
 or as ``switchagg switch``. An optional control port (TCP, one JSON object per
@@ -14,9 +17,9 @@ import threading
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
 from ..transport import UdpSocket
-from ..wire import UDP_PORT
+from ..wire import MAX_WORKERS, UDP_PORT
 from .control import ControlServer
-from .model import RESULTS_KEPT, JobEntry, SwitchModel
+from .model import RESULTS_KEPT, JobEntry, NativeSwitch, SwitchModel
 
 MAX_DATAGRAM = 65507
 
@@ -34,10 +37,10 @@ class SoftSwitch:
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = 1024,
-                 batched: bool | None = None, batch: int = 64) -> None:
+                 batched: bool | None = None, batch: int = 64, native: bool = True) -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
-        self.model = SwitchModel(num_slots)
+        self.model = NativeSwitch(num_slots) if native else SwitchModel(num_slots)
         self.lock = threading.Lock()
         if not 1 <= batch <= RESULTS_KEPT:
             raise ConfigError(f"batch = {batch}: the switch receives 1..{RESULTS_KEPT} packets at a time")
@@ -51,8 +54,9 @@ class SoftSwitch:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> SoftSwitch:
-        self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_DATAGRAM,
-                               batched=self._batched)
+        # The C switch writes a datagram's packets only where all of them fit: a multicast's worth of rows.
+        batch = max(self._batch, MAX_WORKERS) if isinstance(self.model, NativeSwitch) else self._batch
+        self._sock = UdpSocket(self.address, batch=batch, max_datagram=MAX_DATAGRAM, batched=self._batched)
         self.address = self._sock.address
         if self.control_address is not None:
             self._control = ControlServer(self.control_address, self)
@@ -85,23 +89,39 @@ class SoftSwitch:
         return self._sock.backend if self._sock else "stopped"
 
     def _serve(self) -> None:
-        sock, model = self._sock, self.model
         try:
-            while not self._stop.is_set():
-                packets = sock.recv(0.05)
-                if not packets:
-                    continue
-                out = []
-                with self.lock:
-                    for data, src in packets:
-                        for emit in model.process(data, src):
-                            head = emit.header.pack()
-                            out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
-                if out:
-                    sock.send(out)  # a batch emits at most `batch` results: their values are still valid
+            if isinstance(self.model, NativeSwitch):
+                self._serve_rows(self._sock, self.model)
+            else:
+                self._serve_model(self._sock, self.model)
         except BaseException as exc:  # surfaced by counters() and the CLI rather than lost
             self.error = exc
             raise
+
+    def _serve_rows(self, sock: UdpSocket, model: NativeSwitch) -> None:
+        """Datagrams in as rows, packets out as rows: no Python object per packet."""
+        while not self._stop.is_set():
+            got = sock.recv_rows(0.05)
+            with self.lock:
+                start = 0
+                while start < got:
+                    start, made = model.process_rows(sock.in_rows, sock.in_lengths, sock.in_names, start, got,
+                                                     sock.out_rows, sock.out_lengths, sock.out_names)
+                    sock.send_rows_to(made)
+
+    def _serve_model(self, sock: UdpSocket, model: SwitchModel) -> None:
+        while not self._stop.is_set():
+            packets = sock.recv(0.05)
+            if not packets:
+                continue
+            out = []
+            with self.lock:
+                for data, src in packets:
+                    for emit in model.process(data, src):
+                        head = emit.header.pack()
+                        out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
+            if out:
+                sock.send(out)  # a batch emits at most `batch` results: their values are still valid
 
     # ---- control ---------------------------------------------------------------------------------
 
