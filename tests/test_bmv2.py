@@ -164,6 +164,9 @@ def test_foreign_sender_wrong_key_and_malformed_headers(diff):
         send(diff, contrib(diff, 2, 0, 30, slot=3, **bad))
     send(diff, (good[0], good[1][:20], good[2]))  # shorter than the header
     send(diff, (good[0], good[1][:-4], good[2]))  # count says 64 values, 63 are there
+    send(diff, (good[0], good[1] + bytes(4), good[2]))  # and 65
+    send(diff, (good[0], make_header(PacketType.PROBE, job=2, worker=0, key=diff.jobs[2].key, count=K).pack()
+                + good[1][24:], good[2]))  # a probe carrying values
     send(diff, contrib(diff, 2, 0, 30, slot=3, values=[1, 2, 3]))  # a K the program does not take
     send(diff, contrib(diff, 2, 0, 30, slot=4))  # slot beyond the job's 4
     send(diff, contrib(diff, 2, 0, 30, slot=3, generation=12345))

@@ -12,6 +12,9 @@ const bit<8>  SA_TYPE_PROBE_REPLY = 4;
 const bit<8>  SA_MAX_WORKERS = 32;
 const bit<16> SA_VALUES = 64;          /* K: int32 values per packet */
 const bit<16> SA_HEADER_BYTES = 24;
+/* UDP and IPv4 lengths of a contribution of SA_VALUES values */
+const bit<16> SA_CONTRIB_UDP_BYTES = 8 + SA_HEADER_BYTES + 4 * SA_VALUES;
+const bit<16> SA_CONTRIB_IP_BYTES = 20 + SA_CONTRIB_UDP_BYTES;
 const bit<8>  SA_FLAG_COPY = 0x01;
 
 /* Aggregation pool: NUM_SLOTS slots, two shadow copies each. */

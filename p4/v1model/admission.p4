@@ -1,7 +1,30 @@
-/* Admission: (job, worker, source IP, source UDP port, key) -> the job's parameters.
- * The control plane installs one entry per worker; a job reset rewrites the generation. */
+/* Admission: the checks before a packet is tied to a job, and the table the control plane fills,
+ * (job, worker, source IP, source UDP port, key) -> the job's parameters, one entry per worker (a
+ * job reset rewrites the generation). What is dropped here is counted by reason in global_drops.
+ *
+ * The common case is one condition: hdr.vals is valid only for a contribution of K values that the
+ * parser found well formed (version, type, flags, reserved bits, worker, count and lengths). The
+ * other packets to the switchagg port are told apart off that path; BMv2 evaluates every operator
+ * of a condition (no short circuit), so the common path must not carry their tests. */
 
 control Admission(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
+    counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
+
+    /* One action per reason, each counting a constant: a parameter chosen per call site would cost
+     * a temporary of the program, which BMv2 resets on every packet. */
+    action drop_malformed() {
+        global_drops.count(SA_DROP_MALFORMED);
+        mark_to_drop(std);
+    }
+    action drop_bad_version() {
+        global_drops.count(SA_DROP_BAD_VERSION);
+        mark_to_drop(std);
+    }
+    action drop_not_admitted() {
+        global_drops.count(SA_DROP_NOT_ADMITTED);
+        mark_to_drop(std);
+    }
+
     action admit(bit<16> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
                  bit<16> mcast_grp, bit<32> generation) {
         meta.job_index = (bit<32>)job_index;
@@ -23,12 +46,30 @@ control Admission(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
             hdr.udp.src_port: exact;
             hdr.sa.key: exact;
         }
-        actions = { admit; NoAction; }
-        default_action = NoAction();
+        actions = { admit; drop_not_admitted; }
+        default_action = drop_not_admitted();
         size = 2048;
     }
 
+    /* The same checks, in the same order, as SwitchModel.process; meta.n_workers stays 0 unless the
+     * packet is admitted. */
     apply {
-        admission.apply();
+        if (hdr.vals.isValid()) {
+            admission.apply();
+        } else if (!hdr.sa.isValid()) {
+            drop_malformed();
+        } else if (hdr.sa.version != SA_VERSION) {
+            drop_bad_version();
+        } else if (std.parser_error != error.NoError
+                || hdr.udp.length != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
+                || hdr.ipv4.total_len != 20 + hdr.udp.length
+                || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
+                || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
+                || hdr.sa.worker >= SA_MAX_WORKERS
+                || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
+            drop_malformed();
+        } else {
+            admission.apply();  /* a probe, or a contribution of another K */
+        }
     }
 }

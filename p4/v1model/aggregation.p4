@@ -5,8 +5,9 @@
  * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed.
  *
  * Each stage sets its outcome flags once and makes its choices with masks ((bit<N>)flag - 1 is all
- * ones when the flag is 0): BMv2 pays per field assignment, and p4c spills nested conditionals into
- * temporaries (docs/protocol.md, section 8). */
+ * ones when the flag is 0), with no ?: in an action: BMv2 pays per field assignment and per
+ * operator, and p4c (run without LocalCopyPropagation, switchagg/control/build.py) spills a ternary
+ * into two temporaries (docs/protocol.md, section 8). */
 
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
@@ -24,9 +25,9 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
     action tag_stage() {
         bit<64> stored;
         tag.read(stored, meta.idx);
-        meta.fresh = (stored[63:32] != hdr.sa.generation || hdr.sa.chunk - stored[31:0] - 1 < 0x7fffffff) ? 1w1 : 1w0;
-        meta.stale = (meta.fresh == 0 && hdr.sa.chunk != stored[31:0]) ? 1w1 : 1w0;
-        tag.write(meta.idx, meta.fresh == 1 ? hdr.sa.generation ++ hdr.sa.chunk : stored);
+        meta.fresh = (bit<1>)(stored[63:32] != hdr.sa.generation || hdr.sa.chunk - stored[31:0] - 1 < 0x7fffffff);
+        meta.stale = (bit<1>)(meta.fresh == 0 && hdr.sa.chunk != stored[31:0]);
+        tag.write(meta.idx, (stored & ((bit<64>)meta.fresh - 1)) | ((hdr.sa.generation ++ hdr.sa.chunk) & ~((bit<64>)meta.fresh - 1)));
     }
 
     /* Stage 2: set this worker's bit (on a fresh chunk, in an empty bitmap); a bit already set
@@ -48,13 +49,15 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
 
     /* Stage 4: signed max of the exponents proposed for the slot's next chunk. Kept in offset
      * binary (int8 + 128), where the unsigned max is the signed max and 0 is the smallest: a fresh
-     * chunk forgets the stored value and a repeat proposes nothing, both by masking to 0. The
-     * packet's exponent field carries the new value on (offset binary until a result is sent). */
+     * chunk forgets the stored value and a repeat proposes nothing, both by masking to 0. With the
+     * proposal a and the stored value b so masked, the max is b ^ ((a ^ b) & -(a > b)), written out.
+     * The packet's exponent field carries the new value on (offset binary until a result is sent). */
     action exponent_stage() {
         bit<8> e;
         exponent.read(e, meta.idx);
-        hdr.sa.exponent = ((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) > (e & ((bit<8>)meta.fresh - 1))
-                          ? (hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1) : e & ((bit<8>)meta.fresh - 1);
+        hdr.sa.exponent = (e & ((bit<8>)meta.fresh - 1))
+            ^ ((((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) ^ (e & ((bit<8>)meta.fresh - 1)))
+               & (0 - (bit<8>)(bit<1>)(((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) > (e & ((bit<8>)meta.fresh - 1)))));
         exponent.write(meta.idx, hdr.sa.exponent);
     }
 

@@ -15,7 +15,6 @@
 #include "egress.p4"
 
 control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
-    counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
     /* Per job: one array per event of switchagg.switch.counters.JobCounter, named after it and indexed
      * by the job's index, so that counting needs no index arithmetic. */
     counter(SA_MAX_JOBS, CounterType.packets) job_contributions;
@@ -31,10 +30,6 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
     Aggregation() aggregation;
     Forwarding() forwarding;
 
-    action drop_global(bit<32> reason) {
-        global_drops.count(reason);
-        mark_to_drop(std);
-    }
     /* A contribution counted into a sum that is not finished yet: nothing to send. */
     action counted() {
         job_contributions.count(meta.job_index);
@@ -60,14 +55,16 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         job_bad_count.count(meta.job_index);
         mark_to_drop(std);
     }
-    /* Back to the sender, from the switch's own addresses (the ones the packet was sent to). */
+    /* Back to the sender, from the switch's own addresses (the ones the packet was sent to). The
+     * addresses are swapped in place (xor) rather than through temporaries, which BMv2 would reset
+     * on every packet. */
     action reply_to_sender() {
-        mac_addr_t mac = hdr.ethernet.dst_addr;
-        hdr.ethernet.dst_addr = hdr.ethernet.src_addr;
-        hdr.ethernet.src_addr = mac;
-        ipv4_addr_t ip = hdr.ipv4.dst_addr;
-        hdr.ipv4.dst_addr = hdr.ipv4.src_addr;
-        hdr.ipv4.src_addr = ip;
+        hdr.ethernet.dst_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
+        hdr.ethernet.dst_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
+        hdr.ipv4.dst_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
         hdr.udp.dst_port = hdr.udp.src_port;
         hdr.udp.src_port = SA_UDP_PORT;
         hdr.udp.checksum = 0;
@@ -79,12 +76,6 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
     action result_to_all() {
         job_contributions.count(meta.job_index);
         job_results_multicast.count(meta.job_index);
-        hdr.sa.type = SA_TYPE_RESULT;
-        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;  /* from offset binary */
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-        hdr.udp.src_port = SA_UDP_PORT;
-        hdr.udp.checksum = 0;
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
@@ -100,29 +91,18 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         reply_to_sender();
     }
 
-    /* The same checks, with the same outcome for every packet, as SwitchModel.process. The common
-     * case (a well-formed, admitted contribution of the current generation) is tested first, with one
-     * condition per step, and the drop reasons are told apart only off that path: BMv2 pays per
-     * condition and per table applied, and an early `return` would add a flag test after every step. */
+    /* The same checks, with the same outcome for every packet, as SwitchModel.process: admission
+     * (admission.p4) checks the packet and finds its job, then the common case (an admitted
+     * contribution of K values of the current generation) is tested first, and the drop reasons are
+     * told apart only off that path. BMv2 pays per operator, condition and table applied, and an
+     * early `return` would add a flag test after every step. */
     apply {
         if (!hdr.udp.isValid() || hdr.udp.dst_port != SA_UDP_PORT) {
             forwarding.apply(hdr, std);
-        } else if (!hdr.sa.isValid() || hdr.sa.version != SA_VERSION) {
-            drop_global(hdr.sa.isValid() ? SA_DROP_BAD_VERSION : SA_DROP_MALFORMED);
-        } else if (std.parser_error != error.NoError
-                || hdr.udp.length != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
-                || hdr.ipv4.total_len != 20 + hdr.udp.length
-                || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
-                || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
-                || hdr.sa.worker >= SA_MAX_WORKERS
-                || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
-            drop_global(SA_DROP_MALFORMED);
         } else {
-            admission.apply(hdr, meta, std);
+            admission.apply(hdr, meta, std);  /* what it does not admit, it drops and counts */
             if (meta.n_workers == 0) {
-                drop_global(SA_DROP_NOT_ADMITTED);
-            } else if (hdr.sa.type == SA_TYPE_CONTRIB && hdr.sa.generation == meta.generation
-                       && hdr.sa.slot < meta.slot_count && hdr.sa.count == SA_VALUES) {
+            } else if (hdr.vals.isValid() && hdr.sa.generation == meta.generation && hdr.sa.slot < meta.slot_count) {
                 aggregation.apply(hdr, meta);
                 if (meta.stale == 1) {
                     drop_stale();

@@ -26,9 +26,14 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
         }
     }
     state parse_sa {
-        pkt.extract(hdr.sa);  /* too short: parser_error is set and ingress counts it malformed */
-        transition select(hdr.sa.count) {
-            SA_VALUES: parse_values;
+        pkt.extract(hdr.sa);  /* too short: parser_error is set and admission counts it malformed */
+        /* The values are parsed only for a well-formed contribution of K values (version, type,
+         * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
+         * hdr.vals as that common case, with no further test. */
+        transition select(hdr.sa.version, hdr.sa.type, hdr.sa.flags, hdr.sa.reserved, hdr.sa.worker, hdr.sa.count,
+                          hdr.udp.length, hdr.ipv4.total_len) {
+            (SA_VERSION, SA_TYPE_CONTRIB, 0 &&& (bit<8>)~SA_FLAG_COPY, 0, 0 &&& (bit<8>)~(SA_MAX_WORKERS - 1),
+             SA_VALUES, SA_CONTRIB_UDP_BYTES, SA_CONTRIB_IP_BYTES): parse_values;
             default: accept;
         }
     }

@@ -245,7 +245,7 @@ def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[s
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit("reading counters"):
         status: dict[str, Any] = {"jobs": {}, "counters": {"global": {}, "jobs": {}}}
         for d in GlobalDrop:
-            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.global_drops", d)
+            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.admission.global_drops", d)
         jobs: dict[int, list[Any]] = {}
         for e in _admission_entries(sh):
             jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)

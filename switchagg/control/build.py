@@ -27,6 +27,13 @@ def find_tool(name: str) -> str | None:
     return None
 
 
+# p4c's LocalCopyPropagation copies the expression a metadata field was just given into each later
+# use within the action: the tag stage then evaluated its "fresh" test three times, and a register
+# write recomputed the value it writes. The program is written for the compiler without it (no
+# ternaries in actions, which it would spill into temporaries); docs/protocol.md section 8.
+P4C_OPTIONS = ("--excludeMidendPasses", "P4::LocalCopyPropagation")
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A compiled program: BMv2 JSON and P4Info (text format)."""
@@ -36,14 +43,15 @@ class Pipeline:
 
 
 def source_digest() -> str:
-    h = hashlib.sha256()
+    """What a build depends on: the compiler's options and every P4 source."""
+    h = hashlib.sha256(" ".join(P4C_OPTIONS).encode() + b"\0")
     for path in sorted(P4_DIR.rglob("*.p4")):
         h.update(path.relative_to(P4_DIR).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
 def build(out_dir: str | Path = "build/p4") -> Pipeline:
-    """Compile ``p4/v1model/main.p4`` into ``out_dir`` (skipped when the sources did not change)."""
+    """Compile ``p4/v1model/main.p4`` into ``out_dir`` (skipped when sources and options did not change)."""
     if not MAIN.exists():
         raise SwitchAggError(f"the P4 sources are not at {P4_DIR}: build from a checkout of switchagg")
     compiler = find_tool("p4c-bm2-ss")
@@ -56,7 +64,7 @@ def build(out_dir: str | Path = "build/p4") -> Pipeline:
     digest = source_digest()
     if pipeline.json.exists() and pipeline.p4info.exists() and stamp.exists() and stamp.read_text() == digest:
         return pipeline
-    proc = subprocess.run([compiler, "--p4runtime-files", str(pipeline.p4info), "-o", str(pipeline.json),
+    proc = subprocess.run([compiler, *P4C_OPTIONS, "--p4runtime-files", str(pipeline.p4info), "-o", str(pipeline.json),
                            str(MAIN)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SwitchAggError(f"p4c-bm2-ss failed on {MAIN}:\n{proc.stderr.strip()}")
