@@ -4,10 +4,11 @@
  * stateful ALU can do, so the TNA port is a translation. Registers are indexed by
  * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed.
  *
- * Each stage sets its outcome flags once and makes its choices with masks ((bit<N>)flag - 1 is all
- * ones when the flag is 0), with no ?: in an action: BMv2 pays per field assignment and per
- * operator, and p4c (run without LocalCopyPropagation, switchagg/control/build.py) spills a ternary
- * into two temporaries (docs/protocol.md, section 8). */
+ * Each stage sets its outcome flags once, the control flow picks the action for the outcome, and
+ * what is left to choose within an action is a mask ((bit<N>)flag - 1 is all ones when the flag is
+ * 0), with no ?: in an action: BMv2 pays per field assignment and per operator, and p4c (run
+ * without LocalCopyPropagation, switchagg/control/build.py) spills a ternary into two temporaries
+ * (docs/protocol.md, section 8). */
 
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
@@ -30,34 +31,53 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
         tag.write(meta.idx, (stored & ((bit<64>)meta.fresh - 1)) | ((hdr.sa.generation ++ hdr.sa.chunk) & ~((bit<64>)meta.fresh - 1)));
     }
 
-    /* Stage 2: set this worker's bit (on a fresh chunk, in an empty bitmap); a bit already set
-     * means a repeat. */
-    action bitmap_stage() {
+    /* Stages 2 to 5 each have an action for a fresh chunk, which starts the copy afresh without
+     * reading it, and one or two for the chunk the copy holds, chosen by the earlier stages (on
+     * Tofino, RegisterActions of one register, exactly one running per packet). */
+
+    /* Stage 2: the worker's bit; on the chunk the copy holds, a bit already set means a repeat. */
+    action bitmap_first() {
+        bitmap.write(meta.idx, 32w1 << hdr.sa.worker);
+    }
+
+    action bitmap_add() {
         bit<32> old;
         bitmap.read(old, meta.idx);
-        meta.seen = (bit<1>)((old & ((bit<32>)meta.fresh - 1)) >> hdr.sa.worker);
-        bitmap.write(meta.idx, (old & ((bit<32>)meta.fresh - 1)) | (32w1 << hdr.sa.worker));
+        meta.seen = (bit<1>)(old >> hdr.sa.worker);
+        bitmap.write(meta.idx, old | (32w1 << hdr.sa.worker));
     }
 
     /* Stage 3: a fresh chunk counts 1, a new worker adds 1, a repeat adds 0. */
-    action count_stage() {
-        bit<8> c;
-        count.read(c, meta.idx);
-        meta.count = (c & ((bit<8>)meta.fresh - 1)) + (bit<8>)(~meta.seen);
+    action count_first() {
+        meta.count = 1;
         count.write(meta.idx, meta.count);
     }
 
-    /* Stage 4: signed max of the exponents proposed for the slot's next chunk. Kept in offset
-     * binary (int8 + 128), where the unsigned max is the signed max and 0 is the smallest: a fresh
-     * chunk forgets the stored value and a repeat proposes nothing, both by masking to 0. With the
-     * proposal a and the stored value b so masked, the max is b ^ ((a ^ b) & -(a > b)), written out.
-     * The packet's exponent field carries the new value on (offset binary until a result is sent). */
-    action exponent_stage() {
+    action count_add() {
+        count.read(meta.count, meta.idx);
+        meta.count = meta.count + (bit<8>)(~meta.seen);
+        count.write(meta.idx, meta.count);
+    }
+
+    /* Stage 4: signed max of the exponents proposed for the slot's next chunk, kept in offset binary
+     * (int8 + 128), where the unsigned max is the signed max. Like stage 5, one of three actions on
+     * the register, chosen by the earlier stages: the first contribution writes its proposal, any
+     * other contribution keeps the max (b ^ ((a ^ b) & -(a > b)), written out), a repeat of a
+     * finished round reads it. The packet's exponent field carries the value on (offset binary
+     * until a result is sent). */
+    action exponent_write() {
+        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
+        exponent.write(meta.idx, hdr.sa.exponent);
+    }
+
+    action exponent_read() {
+        exponent.read(hdr.sa.exponent, meta.idx);
+    }
+
+    action exponent_max() {
         bit<8> e;
         exponent.read(e, meta.idx);
-        hdr.sa.exponent = (e & ((bit<8>)meta.fresh - 1))
-            ^ ((((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) ^ (e & ((bit<8>)meta.fresh - 1)))
-               & (0 - (bit<8>)(bit<1>)(((hdr.sa.exponent ^ 0x80) & ((bit<8>)meta.seen - 1)) > (e & ((bit<8>)meta.fresh - 1)))));
+        hdr.sa.exponent = e ^ (((hdr.sa.exponent ^ 0x80) ^ e) & (0 - (bit<8>)(bit<1>)((hdr.sa.exponent ^ 0x80) > e)));
         exponent.write(meta.idx, hdr.sa.exponent);
     }
 
@@ -83,20 +103,23 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
         values.write(meta.idx, hdr.vals.values);
     }
 
+    /* meta.seen stays 0 unless the worker was already counted (BMv2 zeroes metadata per packet). */
     apply {
         tag_stage();
-        if (meta.stale == 0) {
-            bitmap_stage();
-            count_stage();
-            if (meta.seen == 0 || meta.count == meta.n_workers) {
-                exponent_stage();
-                if (meta.fresh == 1) {
-                    values_write();
-                } else if (meta.seen == 1) {
-                    values_read();
-                } else {
-                    values_add();
-                }
+        if (meta.fresh == 1) {
+            bitmap_first();
+            count_first();
+            exponent_write();
+            values_write();
+        } else if (meta.stale == 0) {
+            bitmap_add();
+            count_add();
+            if (meta.seen == 0) {
+                exponent_max();
+                values_add();
+            } else if (meta.count == meta.n_workers) {
+                exponent_read();
+                values_read();
             }
         }
     }

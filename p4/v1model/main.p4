@@ -103,19 +103,19 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
             admission.apply(hdr, meta, std);  /* what it does not admit, it drops and counts */
             if (meta.n_workers == 0) {
             } else if (hdr.vals.isValid() && hdr.sa.generation == meta.generation && hdr.sa.slot < meta.slot_count) {
-                aggregation.apply(hdr, meta);
-                if (meta.stale == 1) {
-                    drop_stale();
-                } else if (meta.count != meta.n_workers) {
+                aggregation.apply(hdr, meta);  /* a stale chunk leaves count 0 and seen 0 */
+                if (meta.count == meta.n_workers) {
                     if (meta.seen == 1) {
-                        drop_duplicate_pending();
+                        result_to_sender();
                     } else {
-                        counted();
+                        result_to_all();
                     }
                 } else if (meta.seen == 1) {
-                    result_to_sender();
+                    drop_duplicate_pending();
+                } else if (meta.stale == 1) {
+                    drop_stale();
                 } else {
-                    result_to_all();
+                    counted();
                 }
             } else if (hdr.sa.type == SA_TYPE_PROBE) {
                 probe_reply();
