@@ -60,6 +60,7 @@ struct headers_t {
     udp_h              udp;
     switchagg_h        sa;
     switchagg_values_h vals;
+    sa_local_h         local;  /* working state: never valid, never emitted (metadata.p4) */
 }
 
 #endif

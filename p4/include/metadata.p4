@@ -1,19 +1,33 @@
-/* Per-packet metadata: what admission found and what each aggregation stage decided. BMv2 pays for
- * every field of the PHV on every packet (reset, and a copy per multicast replica), so only what a
- * later step reads is kept here. */
+/* Per-packet working state: what admission found and what each aggregation stage read and decided.
+ *
+ * On BMv2 it is the fields of a header that is never valid, not user metadata: BMv2 sets every
+ * metadata field to zero on every packet it receives (about 650 instructions a field) and copies
+ * each into every multicast replica, where it keeps the fields of an invalid header like any other
+ * field and does neither (setValid would zero them). Every field is written before it is read on
+ * every path that reads it, so nothing depends on a reset. P4 leaves the fields of an invalid header
+ * unspecified, so this is a choice for BMv2 that tests/test_bmv2.py holds to the model; on Tofino
+ * (TNA) this is plain metadata. */
 #ifndef SWITCHAGG_METADATA_P4
 #define SWITCHAGG_METADATA_P4
 
-struct sa_metadata_t {
-    bit<32> job_index;   /* the job's index in the per-job counter arrays */
-    bit<8>  n_workers;   /* 0: not admitted (no job has 0 workers) */
-    bit<16> slot_count;
-    bit<32> generation;
-    bit<32> idx;         /* register index: 2 * (slot_base + slot) + copy */
-    bit<1>  fresh;       /* tag stage: the chunk is new to the copy (first contribution of a round) */
-    bit<1>  stale;       /* tag stage: the chunk is older than the one the copy holds */
-    bit<1>  seen;        /* this worker was already counted in the copy */
-    bit<8>  count;       /* contributions in the copy after this packet */
+header sa_local_h {
+    bit<2048> held;        /* values stage: the sums the copy holds, read to add the packet's to */
+    bit<64>   tag;         /* tag stage: the copy's tag as read, then as written */
+    bit<32>   idx;         /* register index: 2 * (slot_base + slot) + copy */
+    bit<32>   generation;  /* the job's current generation */
+    bit<32>   bitmap;      /* bitmap stage: the bitmap as read, then as written */
+    bit<32>   job_index;   /* the job's index in the per-job counter arrays */
+    bit<16>   slot_count;
+    bit<8>    n_workers;
+    bit<8>    count;       /* count stage: contributions in the copy after this packet */
+    bit<8>    exponent;    /* exponent stage: the maximum the copy holds */
+    bit<1>    fresh;       /* tag stage: the chunk is new to the copy (first contribution of a round) */
+    bit<1>    stale;       /* tag stage: the chunk is older than the one the copy holds */
+    bit<1>    seen;        /* bitmap stage: this worker was already counted in the copy */
+    bit<5>    unused;
 }
+
+/* v1model's user metadata: none (see sa_local_h). */
+struct sa_metadata_t { }
 
 #endif

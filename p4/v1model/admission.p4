@@ -7,32 +7,39 @@
  * other packets to the switchagg port are told apart off that path; BMv2 evaluates every operator
  * of a condition (no short circuit), so the common path must not carry their tests. */
 
-control Admission(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
+control Admission(inout headers_t hdr, inout standard_metadata_t std) {
     counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
+
+    /* What admission drops loses its switchagg header, so that a valid one after admission means
+     * admitted (a flag in metadata would cost a reset on every packet). */
+    action drop() {
+        mark_to_drop(std);
+        hdr.sa.setInvalid();
+    }
 
     /* One action per reason, each counting a constant: a parameter chosen per call site would cost
      * a temporary of the program, which BMv2 resets on every packet. */
     action drop_malformed() {
         global_drops.count(SA_DROP_MALFORMED);
-        mark_to_drop(std);
+        drop();
     }
     action drop_bad_version() {
         global_drops.count(SA_DROP_BAD_VERSION);
-        mark_to_drop(std);
+        drop();
     }
     action drop_not_admitted() {
         global_drops.count(SA_DROP_NOT_ADMITTED);
-        mark_to_drop(std);
+        drop();
     }
 
     action admit(bit<16> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
                  bit<16> mcast_grp, bit<32> generation) {
-        meta.job_index = (bit<32>)job_index;
-        meta.n_workers = n_workers;
-        meta.slot_count = slot_count;
-        meta.generation = generation;
+        hdr.local.job_index = (bit<32>)job_index;
+        hdr.local.n_workers = n_workers;
+        hdr.local.slot_count = slot_count;
+        hdr.local.generation = generation;
         /* the copy's register index, 2 * (slot_base + slot) + copy (used only once slot < slot_count) */
-        meta.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1) | (bit<32>)(hdr.sa.flags & SA_FLAG_COPY);
+        hdr.local.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1) | (bit<32>)(hdr.sa.flags & SA_FLAG_COPY);
         /* where a finished sum goes; every other outcome drops (mark_to_drop clears it) or replies
          * to the sender (which clears it) */
         std.mcast_grp = mcast_grp;
@@ -51,8 +58,7 @@ control Admission(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         size = 2048;
     }
 
-    /* The same checks, in the same order, as SwitchModel.process; meta.n_workers stays 0 unless the
-     * packet is admitted. */
+    /* The same checks, in the same order, as SwitchModel.process. */
     apply {
         if (hdr.vals.isValid()) {
             admission.apply();

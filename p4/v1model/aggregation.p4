@@ -13,7 +13,7 @@
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
 
-control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
+control Aggregation(inout headers_t hdr) {
     register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
     register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
     register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
@@ -24,11 +24,11 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
      * chunk changes the tag. */
     action tag_stage() {
-        bit<64> stored;
-        tag.read(stored, meta.idx);
-        meta.fresh = (bit<1>)(stored[63:32] != hdr.sa.generation || hdr.sa.chunk - stored[31:0] - 1 < 0x7fffffff);
-        meta.stale = (bit<1>)(meta.fresh == 0 && hdr.sa.chunk != stored[31:0]);
-        tag.write(meta.idx, (stored & ((bit<64>)meta.fresh - 1)) | ((hdr.sa.generation ++ hdr.sa.chunk) & ~((bit<64>)meta.fresh - 1)));
+        tag.read(hdr.local.tag, hdr.local.idx);
+        hdr.local.fresh = (bit<1>)(hdr.local.tag[63:32] != hdr.sa.generation || hdr.sa.chunk - hdr.local.tag[31:0] - 1 < 0x7fffffff);
+        hdr.local.stale = (bit<1>)(hdr.local.fresh == 0 && hdr.sa.chunk != hdr.local.tag[31:0]);
+        hdr.local.tag = (hdr.local.tag & ((bit<64>)hdr.local.fresh - 1)) | ((hdr.sa.generation ++ hdr.sa.chunk) & ~((bit<64>)hdr.local.fresh - 1));
+        tag.write(hdr.local.idx, hdr.local.tag);
     }
 
     /* Stages 2 to 5 each have an action for a fresh chunk, which starts the copy afresh without
@@ -37,26 +37,28 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
 
     /* Stage 2: the worker's bit; on the chunk the copy holds, a bit already set means a repeat. */
     action bitmap_first() {
-        bitmap.write(meta.idx, 32w1 << hdr.sa.worker);
+        hdr.local.seen = 0;
+        hdr.local.bitmap = 32w1 << hdr.sa.worker;
+        bitmap.write(hdr.local.idx, hdr.local.bitmap);
     }
 
     action bitmap_add() {
-        bit<32> old;
-        bitmap.read(old, meta.idx);
-        meta.seen = (bit<1>)(old >> hdr.sa.worker);
-        bitmap.write(meta.idx, old | (32w1 << hdr.sa.worker));
+        bitmap.read(hdr.local.bitmap, hdr.local.idx);
+        hdr.local.seen = (bit<1>)(hdr.local.bitmap >> hdr.sa.worker);
+        hdr.local.bitmap = hdr.local.bitmap | (32w1 << hdr.sa.worker);
+        bitmap.write(hdr.local.idx, hdr.local.bitmap);
     }
 
     /* Stage 3: a fresh chunk counts 1, a new worker adds 1, a repeat adds 0. */
     action count_first() {
-        meta.count = 1;
-        count.write(meta.idx, meta.count);
+        hdr.local.count = 1;
+        count.write(hdr.local.idx, hdr.local.count);
     }
 
     action count_add() {
-        count.read(meta.count, meta.idx);
-        meta.count = meta.count + (bit<8>)(~meta.seen);
-        count.write(meta.idx, meta.count);
+        count.read(hdr.local.count, hdr.local.idx);
+        hdr.local.count = hdr.local.count + (bit<8>)(~hdr.local.seen);
+        count.write(hdr.local.idx, hdr.local.count);
     }
 
     /* Stage 4: signed max of the exponents proposed for the slot's next chunk, kept in offset binary
@@ -67,18 +69,18 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
      * until a result is sent). */
     action exponent_write() {
         hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
-        exponent.write(meta.idx, hdr.sa.exponent);
+        exponent.write(hdr.local.idx, hdr.sa.exponent);
     }
 
     action exponent_read() {
-        exponent.read(hdr.sa.exponent, meta.idx);
+        exponent.read(hdr.sa.exponent, hdr.local.idx);
     }
 
     action exponent_max() {
-        bit<8> e;
-        exponent.read(e, meta.idx);
-        hdr.sa.exponent = e ^ (((hdr.sa.exponent ^ 0x80) ^ e) & (0 - (bit<8>)(bit<1>)((hdr.sa.exponent ^ 0x80) > e)));
-        exponent.write(meta.idx, hdr.sa.exponent);
+        exponent.read(hdr.local.exponent, hdr.local.idx);
+        hdr.sa.exponent = hdr.local.exponent ^ (((hdr.sa.exponent ^ 0x80) ^ hdr.local.exponent)
+                                           & (0 - (bit<8>)(bit<1>)((hdr.sa.exponent ^ 0x80) > hdr.local.exponent)));
+        exponent.write(hdr.local.idx, hdr.sa.exponent);
     }
 
     /* Stage 5, values: one of three actions on the register, chosen by the earlier stages (on Tofino,
@@ -88,36 +90,35 @@ control Aggregation(inout headers_t hdr, inout sa_metadata_t meta) {
      * bits of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and
      * the carry into it. The sum goes into the packet, and from there into the register. */
     action values_write() {
-        values.write(meta.idx, hdr.vals.values);
+        values.write(hdr.local.idx, hdr.vals.values);
     }
 
     action values_read() {
-        values.read(hdr.vals.values, meta.idx);
+        values.read(hdr.vals.values, hdr.local.idx);
     }
 
     action values_add() {
-        bit<2048> v;
-        values.read(v, meta.idx);
-        hdr.vals.values = ((v & ~SA_VALUE_TOPS) + (hdr.vals.values & ~SA_VALUE_TOPS))
-                          ^ ((v ^ hdr.vals.values) & SA_VALUE_TOPS);
-        values.write(meta.idx, hdr.vals.values);
+        values.read(hdr.local.held, hdr.local.idx);
+        hdr.vals.values = ((hdr.local.held & ~SA_VALUE_TOPS) + (hdr.vals.values & ~SA_VALUE_TOPS))
+                          ^ ((hdr.local.held ^ hdr.vals.values) & SA_VALUE_TOPS);
+        values.write(hdr.local.idx, hdr.vals.values);
     }
 
-    /* meta.seen stays 0 unless the worker was already counted (BMv2 zeroes metadata per packet). */
+    /* A stale chunk stops after the tag stage: it sets no other field of hdr.local. */
     apply {
         tag_stage();
-        if (meta.fresh == 1) {
+        if (hdr.local.fresh == 1) {
             bitmap_first();
             count_first();
             exponent_write();
             values_write();
-        } else if (meta.stale == 0) {
+        } else if (hdr.local.stale == 0) {
             bitmap_add();
             count_add();
-            if (meta.seen == 0) {
+            if (hdr.local.seen == 0) {
                 exponent_max();
                 values_add();
-            } else if (meta.count == meta.n_workers) {
+            } else if (hdr.local.count == hdr.local.n_workers) {
                 exponent_read();
                 values_read();
             }

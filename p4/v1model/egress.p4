@@ -1,6 +1,6 @@
-/* Egress: each replica of a finished sum is made a RESULT from the switch to its worker (ingress
- * leaves the whole rewrite to egress: BMv2 runs ingress on one thread and egress on several, and
- * ingress is the busier); a flooded frame is not sent back out of the port it came in on.
+/* Egress: each replica of a finished sum is addressed to its worker; a flooded frame is not sent
+ * back out of the port it came in on. Ingress made the sum a RESULT from the switch once, so a
+ * replica pays only for what differs between workers (BMv2 pays per field assignment).
  *
  * A job's multicast group holds one replica per worker, told apart by (egress port, instance): the
  * instance counts the job's workers before it on the same port, so workers on distinct ports all
@@ -11,15 +11,9 @@ const bit<32> PKT_INSTANCE_TYPE_REPLICATION = 5;
 
 control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
     action to_worker(mac_addr_t mac, ipv4_addr_t ip, bit<16> port, bit<8> worker) {
-        hdr.sa.type = SA_TYPE_RESULT;
-        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;  /* from offset binary */
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ethernet.dst_addr = mac;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.ipv4.dst_addr = ip;
-        hdr.udp.src_port = SA_UDP_PORT;
         hdr.udp.dst_port = port;
-        hdr.udp.checksum = 0;
         hdr.sa.worker = worker;
     }
 

@@ -6,8 +6,8 @@
 #include <v1model.p4>
 
 #include "../include/constants.p4"
-#include "../include/headers.p4"
 #include "../include/metadata.p4"
+#include "../include/headers.p4"
 #include "parser.p4"
 #include "admission.p4"
 #include "aggregation.p4"
@@ -32,27 +32,27 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
 
     /* A contribution counted into a sum that is not finished yet: nothing to send. */
     action counted() {
-        job_contributions.count(meta.job_index);
+        job_contributions.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     action drop_duplicate_pending() {
-        job_duplicate_pending.count(meta.job_index);
+        job_duplicate_pending.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     action drop_stale() {
-        job_stale.count(meta.job_index);
+        job_stale.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     action drop_wrong_generation() {
-        job_wrong_generation.count(meta.job_index);
+        job_wrong_generation.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     action drop_slot_out_of_range() {
-        job_slot_out_of_range.count(meta.job_index);
+        job_slot_out_of_range.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     action drop_bad_count() {
-        job_bad_count.count(meta.job_index);
+        job_bad_count.count(hdr.local.job_index);
         mark_to_drop(std);
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to). The
@@ -71,23 +71,33 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         std.egress_spec = std.ingress_port;
         std.mcast_grp = 0;
     }
-    /* A finished sum to every worker of the job (admission set the multicast group): egress fills in
+    /* The sum as a RESULT, its exponent turned back from offset binary. */
+    action as_result() {
+        hdr.sa.type = SA_TYPE_RESULT;
+        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
+    }
+    /* A finished sum to every worker of the job (admission set the multicast group), from the
+     * switch's own addresses: what all replicas share is written here once, and egress writes
      * each replica's destination. */
     action result_to_all() {
-        job_contributions.count(meta.job_index);
-        job_results_multicast.count(meta.job_index);
+        job_contributions.count(hdr.local.job_index);
+        job_results_multicast.count(hdr.local.job_index);
+        as_result();
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = SA_UDP_PORT;
+        hdr.udp.checksum = 0;
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
-        job_results_unicast.count(meta.job_index);
-        hdr.sa.type = SA_TYPE_RESULT;
-        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;  /* from offset binary */
+        job_results_unicast.count(hdr.local.job_index);
+        as_result();
         reply_to_sender();
     }
     action probe_reply() {
-        job_probes.count(meta.job_index);
+        job_probes.count(hdr.local.job_index);
         hdr.sa.type = SA_TYPE_PROBE_REPLY;
-        hdr.sa.generation = meta.generation;
+        hdr.sa.generation = hdr.local.generation;
         reply_to_sender();
     }
 
@@ -100,28 +110,29 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         if (!hdr.udp.isValid() || hdr.udp.dst_port != SA_UDP_PORT) {
             forwarding.apply(hdr, std);
         } else {
-            admission.apply(hdr, meta, std);  /* what it does not admit, it drops and counts */
-            if (meta.n_workers == 0) {
-            } else if (hdr.vals.isValid() && hdr.sa.generation == meta.generation && hdr.sa.slot < meta.slot_count) {
-                aggregation.apply(hdr, meta);  /* a stale chunk leaves count 0 and seen 0 */
-                if (meta.count == meta.n_workers) {
-                    if (meta.seen == 1) {
+            admission.apply(hdr, std);  /* what it does not admit, it drops, counts and strips of hdr.sa */
+            if (!hdr.sa.isValid()) {
+            } else if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.generation
+                       && hdr.sa.slot < hdr.local.slot_count) {
+                aggregation.apply(hdr);
+                if (hdr.local.stale == 1) {
+                    drop_stale();
+                } else if (hdr.local.count == hdr.local.n_workers) {
+                    if (hdr.local.seen == 1) {
                         result_to_sender();
                     } else {
                         result_to_all();
                     }
-                } else if (meta.seen == 1) {
+                } else if (hdr.local.seen == 1) {
                     drop_duplicate_pending();
-                } else if (meta.stale == 1) {
-                    drop_stale();
                 } else {
                     counted();
                 }
             } else if (hdr.sa.type == SA_TYPE_PROBE) {
                 probe_reply();
-            } else if (hdr.sa.generation != meta.generation) {
+            } else if (hdr.sa.generation != hdr.local.generation) {
                 drop_wrong_generation();
-            } else if (hdr.sa.slot >= meta.slot_count) {
+            } else if (hdr.sa.slot >= hdr.local.slot_count) {
                 drop_slot_out_of_range();
             } else {
                 drop_bad_count();
