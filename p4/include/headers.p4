@@ -11,13 +11,13 @@ header ethernet_h {
     bit<16>    ether_type;
 }
 
-/* IPv4 in the fields switchagg reads or writes, the rest grouped: BMv2 pays per field on every
- * extract, emit, copy and checksum, not per bit. The bytes are the usual 20-byte header. */
+/* IPv4 and UDP in the fields switchagg writes (the addresses, ports and UDP checksum), the rest
+ * grouped: BMv2 pays per field on every extract, emit, replica and checksum, not per bit, and
+ * reads the grouped ones only through masks. The bytes are the usual 20-byte and 8-byte headers. */
 header ipv4_h {
-    bit<16>     version_ihl_diffserv;  /* version [15:12], ihl [11:8], DSCP/ECN [7:0] */
-    bit<16>     total_len;
-    bit<32>     id_flags_frag;         /* identification [31:16], flags [15:13], fragment offset [12:0] */
-    bit<16>     ttl_protocol;          /* TTL [15:8], protocol [7:0] */
+    bit<32>     ver_ihl_tos_len;    /* version [31:28], ihl [27:24], DSCP/ECN [23:16], total length [15:0] */
+    bit<48>     id_frag_ttl_proto;  /* identification [47:32], flags [31:29], fragment offset [28:16],
+                                     * TTL [15:8], protocol [7:0] */
     bit<16>     hdr_checksum;
     ipv4_addr_t src_addr;
     ipv4_addr_t dst_addr;
@@ -26,8 +26,7 @@ header ipv4_h {
 header udp_h {
     bit<16> src_port;
     bit<16> dst_port;
-    bit<16> length;
-    bit<16> checksum;
+    bit<32> length_checksum;  /* length [31:16], checksum [15:0] */
 }
 
 /* The switchagg header: 24 bytes, big-endian, fields as in switchagg/wire.py. */

@@ -32,9 +32,9 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std) {
         drop();
     }
 
-    action admit(bit<16> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
+    action admit(bit<32> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
                  bit<16> mcast_grp, bit<32> generation) {
-        hdr.local.job_index = (bit<32>)job_index;
+        hdr.local.job_index = job_index;
         hdr.local.n_workers = n_workers;
         hdr.local.slot_count = slot_count;
         hdr.local.generation = generation;
@@ -67,8 +67,8 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std) {
         } else if (hdr.sa.version != SA_VERSION) {
             drop_bad_version();
         } else if (std.parser_error != error.NoError
-                || hdr.udp.length != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
-                || hdr.ipv4.total_len != 20 + hdr.udp.length
+                || hdr.udp.length_checksum[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
+                || hdr.ipv4.ver_ihl_tos_len[15:0] != 20 + hdr.udp.length_checksum[31:16]
                 || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
                 || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
                 || hdr.sa.worker >= SA_MAX_WORKERS

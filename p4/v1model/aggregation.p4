@@ -27,7 +27,7 @@ control Aggregation(inout headers_t hdr) {
         tag.read(hdr.local.tag, hdr.local.idx);
         hdr.local.fresh = (bit<1>)(hdr.local.tag[63:32] != hdr.sa.generation || hdr.sa.chunk - hdr.local.tag[31:0] - 1 < 0x7fffffff);
         hdr.local.stale = (bit<1>)(hdr.local.fresh == 0 && hdr.sa.chunk != hdr.local.tag[31:0]);
-        hdr.local.tag = (hdr.local.tag & ((bit<64>)hdr.local.fresh - 1)) | ((hdr.sa.generation ++ hdr.sa.chunk) & ~((bit<64>)hdr.local.fresh - 1));
+        hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ (hdr.sa.generation ++ hdr.sa.chunk)) & (0 - (bit<64>)hdr.local.fresh));
         tag.write(hdr.local.idx, hdr.local.tag);
     }
 

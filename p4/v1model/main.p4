@@ -67,7 +67,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.ipv4.dst_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
         hdr.udp.dst_port = hdr.udp.src_port;
         hdr.udp.src_port = SA_UDP_PORT;
-        hdr.udp.checksum = 0;
+        hdr.udp.length_checksum = hdr.udp.length_checksum & 0xffff0000;  /* UDP checksum 0 */
         std.egress_spec = std.ingress_port;
         std.mcast_grp = 0;
     }
@@ -86,7 +86,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.udp.src_port = SA_UDP_PORT;
-        hdr.udp.checksum = 0;
+        hdr.udp.length_checksum = hdr.udp.length_checksum & 0xffff0000;  /* UDP checksum 0 */
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {

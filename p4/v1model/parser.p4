@@ -11,10 +11,9 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
     }
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
-        /* ihl 5, fragment offset 0, protocol UDP; masks rather than slices, which p4c would copy
-         * into temporaries first */
-        transition select(hdr.ipv4.version_ihl_diffserv, hdr.ipv4.id_flags_frag, hdr.ipv4.ttl_protocol) {
-            (0x0500 &&& 0x0f00, 0 &&& 0x1fff, 17 &&& 0xff): parse_udp;
+        /* ihl 5, fragment offset 0, protocol UDP */
+        transition select(hdr.ipv4.ver_ihl_tos_len, hdr.ipv4.id_frag_ttl_proto) {
+            (0x05000000 &&& 0x0f000000, 17 &&& 0x00001fff00ff): parse_udp;
             default: accept;
         }
     }
@@ -31,9 +30,10 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
          * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
          * hdr.vals as that common case, with no further test. */
         transition select(hdr.sa.version, hdr.sa.type, hdr.sa.flags, hdr.sa.reserved, hdr.sa.worker, hdr.sa.count,
-                          hdr.udp.length, hdr.ipv4.total_len) {
+                          hdr.udp.length_checksum, hdr.ipv4.ver_ihl_tos_len) {
             (SA_VERSION, SA_TYPE_CONTRIB, 0 &&& (bit<8>)~SA_FLAG_COPY, 0, 0 &&& (bit<8>)~(SA_MAX_WORKERS - 1),
-             SA_VALUES, SA_CONTRIB_UDP_BYTES, SA_CONTRIB_IP_BYTES): parse_values;
+             SA_VALUES, (bit<32>)SA_CONTRIB_UDP_BYTES << 16 &&& 0xffff0000,
+             (bit<32>)SA_CONTRIB_IP_BYTES &&& 0xffff): parse_values;
             default: accept;
         }
     }
@@ -50,8 +50,7 @@ control SaVerifyChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
 control SaComputeChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply {
         update_checksum(hdr.ipv4.isValid(),
-            { hdr.ipv4.version_ihl_diffserv, hdr.ipv4.total_len, hdr.ipv4.id_flags_frag,
-              hdr.ipv4.ttl_protocol, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
+            { hdr.ipv4.ver_ihl_tos_len, hdr.ipv4.id_frag_ttl_proto, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
             hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
     }
 }
