@@ -194,6 +194,25 @@ def test_reset_with_old_state_still_in_the_registers(diff):
     diff.check_counters()
 
 
+def test_other_frames_are_forwarded_unchanged_and_runts_dropped(diff):
+    bed = diff.bed
+    host_mac = [bed.host_mac(h) for h in range(bed.n_hosts)]
+    udp = frames.build(host_mac[0], host_mac[1], (bed.host_ip(0), 5000), (bed.host_ip(1), 5001), b"not switchagg")
+    udp = udp[:24] + b"\x00\x00" + udp[26:]  # a wrong IPv4 checksum: a switch forwards it, it does not mend it
+    tcp = udp[:23] + b"\x06" + udp[24:]
+    arp = frames.mac_bytes("ff:ff:ff:ff:ff:ff") + frames.mac_bytes(host_mac[0]) + b"\x08\x06" + bytes(28)
+    runt = frames.mac_bytes(host_mac[1]) + frames.mac_bytes(host_mac[0]) + b"\x88\xb5" + bytes(20)  # 34 bytes
+    before = diff.bmv2.read_status(diff.jobs[1], bed.grpc_addr)["counters"]
+    for frame in (udp, tcp, arp, runt):
+        diff.socks[0].send(frame)
+    got, deadline = [], time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        got += [(h, f) for h, f in netns.incoming(diff.socks, 0.05) if f in (udp, tcp, arp, runt)]
+    flooded = sorted({w.switch_port for cfg in diff.jobs.values() for w in cfg.workers} - {0})
+    assert sorted(got) == sorted([(1, udp), (1, tcp)] + [(h, arp) for h in flooded])
+    assert diff.bmv2.read_status(diff.jobs[1], bed.grpc_addr)["counters"] == before
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_seeded_random_sequences_with_loss_duplication_reordering(diff, seed):
     rng = random.Random(seed)

@@ -28,7 +28,8 @@ const bit<32> SA_DROP_BAD_VERSION = 1;
 const bit<32> SA_DROP_NOT_ADMITTED = 2;
 #define SA_NUM_GLOBAL_DROPS 3
 
-/* Multicast group that floods ordinary broadcast traffic (ARP); job groups are job_index + 1. */
+/* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1
+ * (SaIngress.result_to_all), so the job indices stay below it. */
 const bit<16> SA_FLOOD_GROUP = 1000;
 
 #endif

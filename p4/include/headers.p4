@@ -1,32 +1,28 @@
-/* Headers: Ethernet, IPv4, UDP, and the switchagg header of switchagg/wire.py (FIELDS order). */
+/* Headers: Ethernet, IPv4 and UDP as one, and the switchagg header of switchagg/wire.py (FIELDS order). */
 #ifndef SWITCHAGG_HEADERS_P4
 #define SWITCHAGG_HEADERS_P4
 
 typedef bit<48> mac_addr_t;
 typedef bit<32> ipv4_addr_t;
 
-header ethernet_h {
-    mac_addr_t dst_addr;
-    mac_addr_t src_addr;
-    bit<16>    ether_type;
-}
-
-/* IPv4 and UDP in the fields switchagg writes (the addresses, ports and UDP checksum), the rest
- * grouped: BMv2 pays per field on every extract, emit, replica and checksum, not per bit, and
- * reads the grouped ones only through masks. The bytes are the usual 20-byte and 8-byte headers. */
-header ipv4_h {
-    bit<32>     ver_ihl_tos_len;    /* version [31:28], ihl [27:24], DSCP/ECN [23:16], total length [15:0] */
-    bit<48>     id_frag_ttl_proto;  /* identification [47:32], flags [31:29], fragment offset [28:16],
-                                     * TTL [15:8], protocol [7:0] */
-    bit<16>     hdr_checksum;
-    ipv4_addr_t src_addr;
-    ipv4_addr_t dst_addr;
-}
-
-header udp_h {
-    bit<16> src_port;
-    bit<16> dst_port;
-    bit<32> length_checksum;  /* length [31:16], checksum [15:0] */
+/* Ethernet, IPv4 and UDP as one 42-byte header, extracted from every frame: BMv2 pays per header
+ * (its valid bit set, cleared, and each header emitted and copied) as well as per field, and
+ * switchagg reads the three together. The fields are the ones switchagg writes, the rest grouped and
+ * read through masks. In a frame that is not IPv4 and UDP, the bytes past the Ethernet header are
+ * not IPv4 and UDP: only eth_dst is read there, and the frame leaves unchanged. */
+header outer_h {
+    mac_addr_t  eth_dst;
+    mac_addr_t  eth_src;
+    bit<16>     ether_type;
+    bit<32>     ver_ihl_tos_len;      /* version [31:28], ihl [27:24], DSCP/ECN [23:16], total length [15:0] */
+    bit<48>     id_frag_ttl_proto;    /* identification [47:32], flags [31:29], fragment offset [28:16],
+                                       * TTL [15:8], protocol [7:0] */
+    bit<16>     ip_checksum;
+    ipv4_addr_t ip_src;
+    ipv4_addr_t ip_dst;
+    bit<16>     udp_src;
+    bit<16>     udp_dst;
+    bit<32>     udp_length_checksum;  /* length [31:16], checksum [15:0] */
 }
 
 /* The switchagg header: 24 bytes, big-endian, fields as in switchagg/wire.py. */
@@ -54,9 +50,7 @@ header switchagg_values_h {
 }
 
 struct headers_t {
-    ethernet_h         ethernet;
-    ipv4_h             ipv4;
-    udp_h              udp;
+    outer_h            outer;
     switchagg_h        sa;
     switchagg_values_h vals;
     sa_local_h         local;  /* working state: never valid, never emitted (metadata.p4) */

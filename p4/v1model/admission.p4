@@ -33,24 +33,21 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std) {
     }
 
     action admit(bit<32> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
-                 bit<16> mcast_grp, bit<32> generation) {
+                 bit<32> generation) {
         hdr.local.job_index = job_index;
         hdr.local.n_workers = n_workers;
         hdr.local.slot_count = slot_count;
         hdr.local.generation = generation;
         /* the copy's register index, 2 * (slot_base + slot) + copy (used only once slot < slot_count) */
         hdr.local.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1) | (bit<32>)(hdr.sa.flags & SA_FLAG_COPY);
-        /* where a finished sum goes; every other outcome drops (mark_to_drop clears it) or replies
-         * to the sender (which clears it) */
-        std.mcast_grp = mcast_grp;
     }
 
     table admission {
         key = {
             hdr.sa.job: exact;
             hdr.sa.worker: exact;
-            hdr.ipv4.src_addr: exact;
-            hdr.udp.src_port: exact;
+            hdr.outer.ip_src: exact;
+            hdr.outer.udp_src: exact;
             hdr.sa.key: exact;
         }
         actions = { admit; drop_not_admitted; }
@@ -67,8 +64,8 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std) {
         } else if (hdr.sa.version != SA_VERSION) {
             drop_bad_version();
         } else if (std.parser_error != error.NoError
-                || hdr.udp.length_checksum[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
-                || hdr.ipv4.ver_ihl_tos_len[15:0] != 20 + hdr.udp.length_checksum[31:16]
+                || hdr.outer.udp_length_checksum[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
+                || hdr.outer.ver_ihl_tos_len[15:0] != 20 + hdr.outer.udp_length_checksum[31:16]
                 || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
                 || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
                 || hdr.sa.worker >= SA_MAX_WORKERS

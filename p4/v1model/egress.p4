@@ -11,9 +11,9 @@ const bit<32> PKT_INSTANCE_TYPE_REPLICATION = 5;
 
 control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
     action to_worker(mac_addr_t mac, ipv4_addr_t ip, bit<16> port, bit<8> worker) {
-        hdr.ethernet.dst_addr = mac;
-        hdr.ipv4.dst_addr = ip;
-        hdr.udp.dst_port = port;
+        hdr.outer.eth_dst = mac;
+        hdr.outer.ip_dst = ip;
+        hdr.outer.udp_dst = port;
         hdr.sa.worker = worker;
     }
 

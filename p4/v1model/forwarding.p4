@@ -12,7 +12,7 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t std) {
     }
 
     table l2 {
-        key = { hdr.ethernet.dst_addr: exact; }
+        key = { hdr.outer.eth_dst: exact; }
         actions = { to_port; flood; drop; }
         default_action = drop();
         size = 1024;

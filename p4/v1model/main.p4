@@ -30,6 +30,10 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
     Aggregation() aggregation;
     Forwarding() forwarding;
 
+    /* A frame too short for the outer header (under 42 bytes). */
+    action drop_runt() {
+        mark_to_drop(std);
+    }
     /* A contribution counted into a sum that is not finished yet: nothing to send. */
     action counted() {
         job_contributions.count(hdr.local.job_index);
@@ -59,34 +63,34 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
      * addresses are swapped in place (xor) rather than through temporaries, which BMv2 would reset
      * on every packet. */
     action reply_to_sender() {
-        hdr.ethernet.dst_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
-        hdr.ethernet.dst_addr = hdr.ethernet.dst_addr ^ hdr.ethernet.src_addr;
-        hdr.ipv4.dst_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
-        hdr.ipv4.dst_addr = hdr.ipv4.dst_addr ^ hdr.ipv4.src_addr;
-        hdr.udp.dst_port = hdr.udp.src_port;
-        hdr.udp.src_port = SA_UDP_PORT;
-        hdr.udp.length_checksum = hdr.udp.length_checksum & 0xffff0000;  /* UDP checksum 0 */
+        hdr.outer.eth_dst = hdr.outer.eth_dst ^ hdr.outer.eth_src;
+        hdr.outer.eth_src = hdr.outer.eth_dst ^ hdr.outer.eth_src;
+        hdr.outer.eth_dst = hdr.outer.eth_dst ^ hdr.outer.eth_src;
+        hdr.outer.ip_dst = hdr.outer.ip_dst ^ hdr.outer.ip_src;
+        hdr.outer.ip_src = hdr.outer.ip_dst ^ hdr.outer.ip_src;
+        hdr.outer.ip_dst = hdr.outer.ip_dst ^ hdr.outer.ip_src;
+        hdr.outer.udp_dst = hdr.outer.udp_src;
+        hdr.outer.udp_src = SA_UDP_PORT;
+        hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
         std.egress_spec = std.ingress_port;
-        std.mcast_grp = 0;
     }
     /* The sum as a RESULT, its exponent turned back from offset binary. */
     action as_result() {
         hdr.sa.type = SA_TYPE_RESULT;
         hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
     }
-    /* A finished sum to every worker of the job (admission set the multicast group), from the
-     * switch's own addresses: what all replicas share is written here once, and egress writes
-     * each replica's destination. */
+    /* A finished sum to every worker of the job, through the job's multicast group (job index + 1),
+     * from the switch's own addresses: what all replicas share is written here once, and egress
+     * writes each replica's destination. */
     action result_to_all() {
         job_contributions.count(hdr.local.job_index);
         job_results_multicast.count(hdr.local.job_index);
+        std.mcast_grp = (bit<16>)hdr.local.job_index + 1;
         as_result();
-        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-        hdr.udp.src_port = SA_UDP_PORT;
-        hdr.udp.length_checksum = hdr.udp.length_checksum & 0xffff0000;  /* UDP checksum 0 */
+        hdr.outer.eth_src = hdr.outer.eth_dst;
+        hdr.outer.ip_src = hdr.outer.ip_dst;
+        hdr.outer.udp_src = SA_UDP_PORT;
+        hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
@@ -107,9 +111,9 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
      * told apart only off that path. BMv2 pays per operator, condition and table applied, and an
      * early `return` would add a flag test after every step. */
     apply {
-        if (!hdr.udp.isValid() || hdr.udp.dst_port != SA_UDP_PORT) {
-            forwarding.apply(hdr, std);
-        } else {
+        /* A switchagg packet: its header is valid, or the parser ran out of bytes in it (a frame too
+         * short for the outer header has no valid header at all). */
+        if (hdr.sa.isValid() || std.parser_error == error.PacketTooShort && hdr.outer.isValid()) {
             admission.apply(hdr, std);  /* what it does not admit, it drops, counts and strips of hdr.sa */
             if (!hdr.sa.isValid()) {
             } else if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.generation
@@ -137,6 +141,10 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
             } else {
                 drop_bad_count();
             }
+        } else if (hdr.outer.isValid()) {
+            forwarding.apply(hdr, std);
+        } else {
+            drop_runt();
         }
     }
 }

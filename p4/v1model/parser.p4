@@ -3,24 +3,11 @@
 parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
                 inout standard_metadata_t std) {
     state start {
-        pkt.extract(hdr.ethernet);
-        transition select(hdr.ethernet.ether_type) {
-            0x0800: parse_ipv4;
-            default: accept;
-        }
-    }
-    state parse_ipv4 {
-        pkt.extract(hdr.ipv4);
-        /* ihl 5, fragment offset 0, protocol UDP */
-        transition select(hdr.ipv4.ver_ihl_tos_len, hdr.ipv4.id_frag_ttl_proto) {
-            (0x05000000 &&& 0x0f000000, 17 &&& 0x00001fff00ff): parse_udp;
-            default: accept;
-        }
-    }
-    state parse_udp {
-        pkt.extract(hdr.udp);
-        transition select(hdr.udp.dst_port) {
-            SA_UDP_PORT: parse_sa;
+        pkt.extract(hdr.outer);  /* a frame of under 42 bytes is left with no valid header and dropped */
+        /* IPv4 with ihl 5 and fragment offset 0, UDP, to the switchagg port */
+        transition select(hdr.outer.ether_type, hdr.outer.ver_ihl_tos_len, hdr.outer.id_frag_ttl_proto,
+                          hdr.outer.udp_dst) {
+            (0x0800, 0x05000000 &&& 0x0f000000, 17 &&& 0x00001fff00ff, SA_UDP_PORT): parse_sa;
             default: accept;
         }
     }
@@ -30,7 +17,7 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
          * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
          * hdr.vals as that common case, with no further test. */
         transition select(hdr.sa.version, hdr.sa.type, hdr.sa.flags, hdr.sa.reserved, hdr.sa.worker, hdr.sa.count,
-                          hdr.udp.length_checksum, hdr.ipv4.ver_ihl_tos_len) {
+                          hdr.outer.udp_length_checksum, hdr.outer.ver_ihl_tos_len) {
             (SA_VERSION, SA_TYPE_CONTRIB, 0 &&& (bit<8>)~SA_FLAG_COPY, 0, 0 &&& (bit<8>)~(SA_MAX_WORKERS - 1),
              SA_VALUES, (bit<32>)SA_CONTRIB_UDP_BYTES << 16 &&& 0xffff0000,
              (bit<32>)SA_CONTRIB_IP_BYTES &&& 0xffff): parse_values;
@@ -49,17 +36,16 @@ control SaVerifyChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
 
 control SaComputeChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply {
-        update_checksum(hdr.ipv4.isValid(),
-            { hdr.ipv4.ver_ihl_tos_len, hdr.ipv4.id_frag_ttl_proto, hdr.ipv4.src_addr, hdr.ipv4.dst_addr },
-            hdr.ipv4.hdr_checksum, HashAlgorithm.csum16);
+        /* only a switchagg packet is rewritten; other frames leave as they came */
+        update_checksum(hdr.sa.isValid(),
+            { hdr.outer.ver_ihl_tos_len, hdr.outer.id_frag_ttl_proto, hdr.outer.ip_src, hdr.outer.ip_dst },
+            hdr.outer.ip_checksum, HashAlgorithm.csum16);
     }
 }
 
 control SaDeparser(packet_out pkt, in headers_t hdr) {
     apply {
-        pkt.emit(hdr.ethernet);
-        pkt.emit(hdr.ipv4);
-        pkt.emit(hdr.udp);
+        pkt.emit(hdr.outer);
         pkt.emit(hdr.sa);
         pkt.emit(hdr.vals);
     }

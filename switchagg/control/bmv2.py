@@ -169,14 +169,13 @@ def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation:
     e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
     e.match["hdr.sa.job"] = str(cfg.job_id)
     e.match["hdr.sa.worker"] = str(rank)
-    e.match["hdr.ipv4.src_addr"] = w.address.host
-    e.match["hdr.udp.src_port"] = str(w.address.port)
+    e.match["hdr.outer.ip_src"] = w.address.host
+    e.match["hdr.outer.udp_src"] = str(w.address.port)
     e.match["hdr.sa.key"] = str(cfg.key)
     e.action["job_index"] = str(index)
     e.action["n_workers"] = str(cfg.n_workers)
     e.action["slot_base"] = str(cfg.slot_base)
     e.action["slot_count"] = str(cfg.slot_count)
-    e.action["mcast_grp"] = str(index + 1)
     e.action["generation"] = str(generation)
     return e
 
@@ -185,20 +184,20 @@ def _install_l2(sh: Any, cfg: JobConfig) -> None:
     """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
     entries = list(sh.TableEntry(L2).read())
     ports = {_param(e, "port") for e in entries if e.action.action_name.endswith("to_port")}
-    present = {_match(e, "hdr.ethernet.dst_addr") for e in entries}
+    present = {_match(e, "hdr.outer.eth_dst") for e in entries}
     first = not entries
     for w in cfg.workers:
         if _mac_int(w.mac) in present:
             continue
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.to_port")
-        e.match["hdr.ethernet.dst_addr"] = w.mac
+        e.match["hdr.outer.eth_dst"] = w.mac
         e.action["port"] = str(w.switch_port)
         e.insert()
         present.add(_mac_int(w.mac))
         ports.add(w.switch_port)
     if _mac_int(BROADCAST) not in present:
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood")
-        e.match["hdr.ethernet.dst_addr"] = BROADCAST
+        e.match["hdr.outer.eth_dst"] = BROADCAST
         e.insert()
     flood = sh.MulticastGroupEntry(FLOOD_GROUP)
     for port in sorted(ports):
