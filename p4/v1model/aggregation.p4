@@ -1,12 +1,15 @@
 /* The aggregation state and the order one packet touches it (docs/protocol.md, "Per-packet order"):
- * tag -> bitmap -> count -> exponent -> values, each register read-modify-written at most once, in
- * one action, and each stage deciding only from the packet and earlier stages -- what a Tofino
- * stateful ALU can do, so the TNA port is a translation. Registers are indexed by
- * 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never installed.
+ * tag -> bitmap -> count -> exponent -> values, each register read-modify-written at most once and
+ * each stage deciding only from the packet and earlier stages -- what a Tofino stateful ALU can do,
+ * so the TNA port is a translation: there each step below is a RegisterAction of its register.
+ * Registers are indexed by 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation
+ * 0 is never installed.
  *
- * Each stage sets its outcome flags once, the control flow picks the action for the outcome, and
- * what is left to choose within an action is a mask ((bit<N>)flag - 1 is all ones when the flag is
- * 0), with no ?: in an action: BMv2 pays per field assignment and per operator, and p4c (run
+ * The tag stage decides whether the chunk is new to the copy (fresh), the one it holds, or older
+ * (stale), and the control flow picks one action per outcome, which runs the later stages' steps
+ * for that outcome in order: BMv2 pays about 650 instructions per action called, besides its
+ * primitives. What is left to choose within an action is a mask (-(bit<N>)flag is all ones when the
+ * flag is 1), with no ?: in an action: BMv2 pays per field assignment and per operator, and p4c (run
  * without LocalCopyPropagation, switchagg/control/build.py) spills a ternary into two temporaries
  * (docs/protocol.md, section 8). */
 
@@ -17,7 +20,7 @@ control Aggregation(inout headers_t hdr) {
     register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
     register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
     register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
-    register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent, offset binary (int8 + 128) */
+    register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
@@ -31,96 +34,64 @@ control Aggregation(inout headers_t hdr) {
         tag.write(hdr.local.idx, hdr.local.tag);
     }
 
-    /* Stages 2 to 5 each have an action for a fresh chunk, which starts the copy afresh without
-     * reading it, and one or two for the chunk the copy holds, chosen by the earlier stages (on
-     * Tofino, RegisterActions of one register, exactly one running per packet). */
-
-    /* Stage 2: the worker's bit; on the chunk the copy holds, a bit already set means a repeat. */
-    action bitmap_first() {
+    /* A fresh chunk starts the copy afresh, reading none of it: the worker's bit alone, a count of
+     * 1, its exponent proposal, its values. */
+    action start_copy() {
         hdr.local.seen = 0;
         hdr.local.bitmap = 32w1 << hdr.sa.worker;
         bitmap.write(hdr.local.idx, hdr.local.bitmap);
+        hdr.local.count = 1;
+        count.write(hdr.local.idx, hdr.local.count);
+        exponent.write(hdr.local.idx, hdr.sa.exponent);
+        values.write(hdr.local.idx, hdr.vals.values);
     }
 
-    action bitmap_add() {
+    /* The chunk the copy holds, stages 2 and 3: the worker's bit (already set: a repeat), and the
+     * count, which a repeat leaves as it is. */
+    action count_worker() {
         bitmap.read(hdr.local.bitmap, hdr.local.idx);
         hdr.local.seen = (bit<1>)(hdr.local.bitmap >> hdr.sa.worker);
         hdr.local.bitmap = hdr.local.bitmap | (32w1 << hdr.sa.worker);
         bitmap.write(hdr.local.idx, hdr.local.bitmap);
-    }
-
-    /* Stage 3: a fresh chunk counts 1, a new worker adds 1, a repeat adds 0. */
-    action count_first() {
-        hdr.local.count = 1;
-        count.write(hdr.local.idx, hdr.local.count);
-    }
-
-    action count_add() {
         count.read(hdr.local.count, hdr.local.idx);
         hdr.local.count = hdr.local.count + (bit<8>)(~hdr.local.seen);
         count.write(hdr.local.idx, hdr.local.count);
     }
 
-    /* Stage 4: signed max of the exponents proposed for the slot's next chunk, kept in offset binary
-     * (int8 + 128), where the unsigned max is the signed max. Like stage 5, one of three actions on
-     * the register, chosen by the earlier stages: the first contribution writes its proposal, any
-     * other contribution keeps the max (b ^ ((a ^ b) & -(a > b)), written out), a repeat of a
-     * finished round reads it. The packet's exponent field carries the value on (offset binary
-     * until a result is sent). */
-    action exponent_write() {
-        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
-        exponent.write(hdr.local.idx, hdr.sa.exponent);
-    }
-
-    action exponent_read() {
-        exponent.read(hdr.sa.exponent, hdr.local.idx);
-    }
-
-    action exponent_max() {
+    /* A new worker's contribution, stages 4 and 5. The exponent: the signed max, b ^ ((a ^ b) &
+     * -(a > b)) written out, a > b compared in offset binary (int8 + 128, where the unsigned order
+     * is the signed order). The values: 64 independent 32-bit adds (modulo 2^32, no carry between
+     * values): add the low 31 bits of each value, then put each value's bit 31 back as the xor of
+     * both inputs' bit 31 and the carry into it. The packet carries both on, into the registers and
+     * on to the result. */
+    action add_contribution() {
         exponent.read(hdr.local.exponent, hdr.local.idx);
-        hdr.sa.exponent = hdr.local.exponent ^ (((hdr.sa.exponent ^ 0x80) ^ hdr.local.exponent)
-                                           & (0 - (bit<8>)(bit<1>)((hdr.sa.exponent ^ 0x80) > hdr.local.exponent)));
+        hdr.sa.exponent = hdr.local.exponent ^ ((hdr.sa.exponent ^ hdr.local.exponent)
+                          & (0 - (bit<8>)(bit<1>)((hdr.sa.exponent ^ 0x80) > (hdr.local.exponent ^ 0x80))));
         exponent.write(hdr.local.idx, hdr.sa.exponent);
-    }
-
-    /* Stage 5, values: one of three actions on the register, chosen by the earlier stages (on Tofino,
-     * three RegisterActions of one register, exactly one running per packet). The first contribution
-     * writes its values, a repeat of a finished round reads the sums, any other contribution adds.
-     * The add is 64 independent 32-bit adds (modulo 2^32, no carry between values): add the low 31
-     * bits of each value, then put each value's bit 31 back as the xor of both inputs' bit 31 and
-     * the carry into it. The sum goes into the packet, and from there into the register. */
-    action values_write() {
-        values.write(hdr.local.idx, hdr.vals.values);
-    }
-
-    action values_read() {
-        values.read(hdr.vals.values, hdr.local.idx);
-    }
-
-    action values_add() {
         values.read(hdr.local.held, hdr.local.idx);
         hdr.vals.values = ((hdr.local.held & ~SA_VALUE_TOPS) + (hdr.vals.values & ~SA_VALUE_TOPS))
                           ^ ((hdr.local.held ^ hdr.vals.values) & SA_VALUE_TOPS);
         values.write(hdr.local.idx, hdr.vals.values);
     }
 
+    /* A repeat of a finished round, stages 4 and 5: the result it missed, read into the packet. */
+    action read_result() {
+        exponent.read(hdr.sa.exponent, hdr.local.idx);
+        values.read(hdr.vals.values, hdr.local.idx);
+    }
+
     /* A stale chunk stops after the tag stage: it sets no other field of hdr.local. */
     apply {
         tag_stage();
         if (hdr.local.fresh == 1) {
-            bitmap_first();
-            count_first();
-            exponent_write();
-            values_write();
+            start_copy();
         } else if (hdr.local.stale == 0) {
-            bitmap_add();
-            count_add();
+            count_worker();
             if (hdr.local.seen == 0) {
-                exponent_max();
-                values_add();
+                add_contribution();
             } else if (hdr.local.count == hdr.local.n_workers) {
-                exponent_read();
-                values_read();
+                read_result();
             }
         }
     }

@@ -74,11 +74,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
         std.egress_spec = std.ingress_port;
     }
-    /* The sum as a RESULT, its exponent turned back from offset binary. */
-    action as_result() {
-        hdr.sa.type = SA_TYPE_RESULT;
-        hdr.sa.exponent = hdr.sa.exponent ^ 0x80;
-    }
+
     /* A finished sum to every worker of the job, through the job's multicast group (job index + 1),
      * from the switch's own addresses: what all replicas share is written here once, and egress
      * writes each replica's destination. */
@@ -86,7 +82,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         job_contributions.count(hdr.local.job_index);
         job_results_multicast.count(hdr.local.job_index);
         std.mcast_grp = (bit<16>)hdr.local.job_index + 1;
-        as_result();
+        hdr.sa.type = SA_TYPE_RESULT;
         hdr.outer.eth_src = hdr.outer.eth_dst;
         hdr.outer.ip_src = hdr.outer.ip_dst;
         hdr.outer.udp_src = SA_UDP_PORT;
@@ -95,7 +91,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
         job_results_unicast.count(hdr.local.job_index);
-        as_result();
+        hdr.sa.type = SA_TYPE_RESULT;
         reply_to_sender();
     }
     action probe_reply() {
