@@ -1,17 +1,20 @@
 """Packets per second of switchagg's P4 program on BMv2 against a plain forwarding program.
 
-    sudo .venv/bin/python bench/bmv2_vs_forwarding.py [--seconds 2] [--rounds 11] [--burst 1000] [--bmv2 PATH]
+    sudo .venv/bin/python bench/bmv2_vs_forwarding.py [--seconds 2] [--rounds 11] [--burst 1000] [--workers 2]
+                                                      [--bmv2 PATH]
 
 Same BMv2 build, same 322-byte frames, one run: two BMv2 switches, one per program, each offered
 bursts of frames in turn (a round alternates them for --seconds). A raw-socket generator in host 0
-sends each burst as fast as it can; for switchagg the frames are contributions of a 2-worker job
-(forged from the two worker addresses, chunk ids rising, so every pair is really aggregated and
-multicast, nothing dropped early), for the baseline one table lookup forwards them from port 0 to
-port 1. A burst of 1000 frames keeps BMv2 busy for 20-40 ms, so what is measured is its sustained
-rate (bursts of 200 add the wake-up of BMv2's threads to each, which weighs more on the faster
-program). Egress queues are deepened so that BMv2 drops nothing; the bench warns unless every frame
-came out, and unless the generator offered more than either program forwards. Then two
-``switchagg worker`` processes allreduce through BMv2. The median ratio is printed last."""
+sends each burst as fast as it can. For switchagg the frames are contributions of a job of
+--workers workers, forged from their addresses with chunk ids rising, so every chunk is really
+aggregated and multicast and nothing is dropped early; each frame in still makes one frame out,
+and two workers, the default, make the most sums (the costliest part) per frame. For the baseline
+one table lookup forwards them from port 0 to port 1. A burst of 1000 frames keeps BMv2 busy for
+20-40 ms, so what is measured is its sustained rate (bursts of 200 add the wake-up of BMv2's threads
+to each, which weighs more on the faster program). Egress queues are deepened so that BMv2 drops
+nothing; the bench warns unless every frame came out, and unless the generator offered more than
+either program forwards. Then two ``switchagg worker`` processes allreduce through BMv2. The median
+ratio is printed last."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ K, SLOTS = 64, 32
 
 
 def frames_for(bed: TestBed, cfg, generation: int):
-    """An endless stream of contributions: chunk c from worker 0, then from worker 1."""
+    """An endless stream of contributions: chunk c from each worker in turn."""
     values = bytes(4 * K)
     heads = []
     for w in cfg.workers:
@@ -50,7 +53,7 @@ def frames_for(bed: TestBed, cfg, generation: int):
                      + b"\x08\x00" + ip + udp)
     chunk = 0
     while True:
-        for rank in range(2):
+        for rank in range(len(heads)):
             h = make_header(PacketType.CONTRIB, job=cfg.job_id, worker=rank, slot=chunk % SLOTS,
                             copy=(chunk // SLOTS) % 2, chunk=chunk, generation=generation, key=cfg.key,
                             exponent=0, count=K)
@@ -89,8 +92,8 @@ class Target:
     can (the offered rate); BMv2's rate is what came out divided by the time from the burst's first
     frame to the kernel's receive time of its last output. The receivers read every 5 ms rather
     than waking for each frame, so that on a machine with few cores the measurement takes as little
-    CPU as it can from the switch it measures. Bursts keep a job's pairs whole: an overloaded input
-    queue drops at random and would break pairs, leaving nothing to aggregate.
+    CPU as it can from the switch it measures. Bursts keep a job's chunks whole: an overloaded input
+    queue drops at random and would break chunks, leaving nothing to aggregate.
     """
 
     def __init__(self, bed: TestBed, stream, receivers: list[int]) -> None:
@@ -191,6 +194,8 @@ def main() -> int:
                              "(a round's ratio swings by 10%% on a small shared machine)")
     parser.add_argument("--bmv2", help="the simple_switch_grpc binary to measure (default: the one on PATH)")
     parser.add_argument("--burst", type=int, default=1000, help="frames per burst")
+    parser.add_argument("--workers", type=int, default=2, choices=range(2, 9), metavar="2..8",
+                        help="workers in the aggregating job")
     args = parser.parse_args()
     problem = missing_prerequisites()
     if problem:
@@ -201,15 +206,16 @@ def main() -> int:
     print(f"BMv2 {binary} {version.stdout.strip() or version.stderr.strip()}; generator: one raw socket in host 0")
     fwd_pipe = forwarding_pipeline()
     # Both switches stay up and are measured in turn, so a slow spell of this machine hits both.
-    with TestBed(3, prefix="sab", subnet=76, host_ips=False, switch_binary=binary) as agg_bed, \
+    hosts = list(range(1, args.workers + 1))
+    with TestBed(len(hosts) + 1, prefix="sab", subnet=76, host_ips=False, switch_binary=binary) as agg_bed, \
             TestBed(3, prefix="saf", subnet=75, host_ips=False, pipeline=fwd_pipe, switch_binary=binary) as fwd_bed:
-        cfg = agg_bed.job([1, 2], job_id=9, slot_count=SLOTS)
+        cfg = agg_bed.job(hosts, job_id=9, slot_count=SLOTS)
         agg_stream = frames_for(agg_bed, cfg, bmv2.deploy(cfg, agg_bed.grpc_addr))
         deepen_queues(agg_bed.thrift_port)
         deploy_forwarding(fwd_bed.grpc_addr, fwd_bed.switch_mac)
         deepen_queues(fwd_bed.thrift_port)
         fwd_stream = frames_for(fwd_bed, fwd_bed.job([1, 2], job_id=9, slot_count=SLOTS), 1)
-        targets = [Target(agg_bed, agg_stream, [1, 2]), Target(fwd_bed, fwd_stream, [1])]
+        targets = [Target(agg_bed, agg_stream, hosts), Target(fwd_bed, fwd_stream, [1])]
         agg, fwd = [], []
         try:
             for r in range(args.rounds):
@@ -226,9 +232,9 @@ def main() -> int:
     offered_fwd, rate_fwd = (statistics.median(m[i] for m in fwd) for i in (0, 1))
     sent_sa, out_sa = sum(m[2] for m in agg), sum(m[3] for m in agg)
     sent_fwd, out_fwd = sum(m[2] for m in fwd), sum(m[3] for m in fwd)
-    print(f"switchagg: offered {offered_sa:,.0f} pkt/s (median burst), BMv2 aggregated and sent {rate_sa:,.0f} "
-          f"pkt/s (median); {sent_sa:,} contributions sent, {out_sa:,} sums received; the switch counted "
-          f"{counted['contributions']:,} contributions, {counted['results_multicast']:,} sums, "
+    print(f"switchagg, {args.workers} workers: offered {offered_sa:,.0f} pkt/s (median burst), BMv2 aggregated "
+          f"and sent {rate_sa:,.0f} pkt/s (median); {sent_sa:,} contributions sent, {out_sa:,} sums received; "
+          f"the switch counted {counted['contributions']:,} contributions, {counted['results_multicast']:,} sums, "
           f"{counted['stale'] + counted['duplicate_pending']} dropped early")
     print(f"forwarding: offered {offered_fwd:,.0f} pkt/s (median burst), BMv2 forwarded {rate_fwd:,.0f} pkt/s "
           f"(median); {sent_fwd:,} frames sent, {out_fwd:,} received")
