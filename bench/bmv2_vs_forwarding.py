@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import socket
 import statistics
@@ -90,11 +91,11 @@ class Target:
     the stream of frames to offer.
 
     Frames go in bursts that BMv2's input queue can hold. A burst goes out as fast as the generator
-    can (the offered rate); BMv2's rate is what came out divided by the time from the burst's first
-    frame to the kernel's receive time of its last output. The receivers read every 5 ms rather
-    than waking for each frame, so that on a machine with few cores the measurement takes as little
-    CPU as it can from the switch it measures. Bursts keep a job's chunks whole: an overloaded input
-    queue drops at random and would break chunks, leaving nothing to aggregate.
+    can (the offered rate) and takes BMv2 the time from its first frame to the kernel's receive time
+    of its last output. The receivers read every 5 ms rather than waking for each frame, so that on
+    a machine with few cores the measurement takes as little CPU as it can from the switch it
+    measures. Bursts are whole chunks (a multiple of the job's workers): an overloaded input queue
+    drops at random and would break chunks, leaving nothing to aggregate.
     """
 
     def __init__(self, bed: TestBed, stream, receivers: list[int]) -> None:
@@ -145,8 +146,9 @@ class Tally:
 
     def rate(self) -> float:
         """The marginal rate: the frames the long bursts have over the short ones, over the time they
-        take over them."""
-        return (self.done[1] - self.done[0]) / (self.busy[1] - self.busy[0])
+        take over them (nan when a slow spell made the short ones take longer)."""
+        extra = self.busy[1] - self.busy[0]
+        return (self.done[1] - self.done[0]) / extra if extra > 0 else math.nan
 
 
 def measure(targets: list[Target], seconds: float, size: int) -> list[Tally]:
@@ -248,7 +250,7 @@ def main() -> int:
         agg, fwd = Tally(), Tally()
         try:
             for r in range(args.rounds):
-                a, f = measure(targets, args.seconds, args.burst)
+                a, f = measure(targets, args.seconds, args.burst - args.burst % args.workers)
                 agg.add(a)
                 fwd.add(f)
                 print(f"round {r}: switchagg {a.rate():,.0f} pkt/s, forwarding {f.rate():,.0f} pkt/s, "
