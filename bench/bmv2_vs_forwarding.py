@@ -219,7 +219,7 @@ def forwarding_pipeline() -> Pipeline:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="each measurement of each program")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of a round")
     parser.add_argument("--rounds", type=int, default=11,
                         help="rounds of bursts; the ratio of the rates over all rounds is printed last "
                              "(a single round's swings widely on a small shared machine)")

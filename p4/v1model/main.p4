@@ -59,6 +59,12 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         job_bad_count.count(hdr.local.job_index);
         mark_to_drop(std);
     }
+    /* A packet the switch sends: from the switchagg port, with UDP checksum 0 (the addresses change,
+     * and 0 means no checksum). */
+    action from_switch_port() {
+        hdr.outer.udp_src = SA_UDP_PORT;
+        hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
+    }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to). The
      * addresses are swapped in place (xor) rather than through temporaries, which BMv2 would reset
      * on every packet. */
@@ -70,8 +76,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.outer.ip_src = hdr.outer.ip_dst ^ hdr.outer.ip_src;
         hdr.outer.ip_dst = hdr.outer.ip_dst ^ hdr.outer.ip_src;
         hdr.outer.udp_dst = hdr.outer.udp_src;
-        hdr.outer.udp_src = SA_UDP_PORT;
-        hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
+        from_switch_port();
         std.egress_spec = std.ingress_port;
     }
 
@@ -85,8 +90,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
         hdr.sa.type = SA_TYPE_RESULT;
         hdr.outer.eth_src = hdr.outer.eth_dst;
         hdr.outer.ip_src = hdr.outer.ip_dst;
-        hdr.outer.udp_src = SA_UDP_PORT;
-        hdr.outer.udp_length_checksum = hdr.outer.udp_length_checksum & 0xffff0000;  /* UDP checksum 0 */
+        from_switch_port();
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
