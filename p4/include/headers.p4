@@ -11,18 +11,15 @@ typedef bit<32> ipv4_addr_t;
  * read through masks. In a frame that is not IPv4 and UDP, the bytes past the Ethernet header are
  * not IPv4 and UDP: only eth_dst is read there, and the frame leaves unchanged. */
 header outer_h {
-    mac_addr_t  eth_dst;
-    mac_addr_t  eth_src;
+    bit<96>     eth_addrs;            /* destination [95:48], source [47:0] */
     bit<16>     ether_type;
     bit<32>     ver_ihl_tos_len;      /* version [31:28], ihl [27:24], DSCP/ECN [23:16], total length [15:0] */
     bit<48>     id_frag_ttl_proto;    /* identification [47:32], flags [31:29], fragment offset [28:16],
                                        * TTL [15:8], protocol [7:0] */
     bit<16>     ip_checksum;
-    ipv4_addr_t ip_src;
-    ipv4_addr_t ip_dst;
-    bit<16>     udp_src;
-    bit<16>     udp_dst;
-    bit<32>     udp_length_checksum;  /* length [31:16], checksum [15:0] */
+    bit<64>     ip_addrs;             /* source [63:32], destination [31:0] */
+    bit<64>     udp;                  /* source port [63:48], destination port [47:32], length [31:16],
+                                       * checksum [15:0] */
 }
 
 /* The switchagg header: 24 bytes, big-endian, fields as in switchagg/wire.py. */

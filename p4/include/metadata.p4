@@ -22,9 +22,8 @@ header sa_local_h {
     bit<8>    count;       /* count stage: contributions in the copy after this packet */
     bit<8>    exponent;    /* exponent stage: the maximum the copy holds */
     bit<1>    fresh;       /* tag stage: the chunk is new to the copy (first contribution of a round) */
-    bit<1>    stale;       /* tag stage: the chunk is older than the one the copy holds */
     bit<1>    seen;        /* bitmap stage: this worker was already counted in the copy */
-    bit<5>    unused;
+    bit<6>    unused;
 }
 
 /* v1model's user metadata: none (see sa_local_h). */

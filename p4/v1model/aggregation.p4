@@ -16,12 +16,24 @@
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
 
-control Aggregation(inout headers_t hdr) {
+control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
     register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
     register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
     register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
+
+    /* Per job: one array per event of switchagg.switch.counters.JobCounter, named after it and indexed
+     * by the job's index, so that counting needs no index arithmetic. */
+    counter(SA_MAX_JOBS, CounterType.packets) job_contributions;
+    counter(SA_MAX_JOBS, CounterType.packets) job_results_multicast;
+    counter(SA_MAX_JOBS, CounterType.packets) job_results_unicast;
+    counter(SA_MAX_JOBS, CounterType.packets) job_probes;
+    counter(SA_MAX_JOBS, CounterType.packets) job_wrong_generation;
+    counter(SA_MAX_JOBS, CounterType.packets) job_slot_out_of_range;
+    counter(SA_MAX_JOBS, CounterType.packets) job_bad_count;
+    counter(SA_MAX_JOBS, CounterType.packets) job_stale;
+    counter(SA_MAX_JOBS, CounterType.packets) job_duplicate_pending;
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
@@ -29,7 +41,6 @@ control Aggregation(inout headers_t hdr) {
     action tag_stage() {
         tag.read(hdr.local.tag, hdr.local.idx);
         hdr.local.fresh = (bit<1>)(hdr.local.tag[63:32] != hdr.sa.generation || hdr.sa.chunk - hdr.local.tag[31:0] - 1 < 0x7fffffff);
-        hdr.local.stale = (bit<1>)(hdr.local.fresh == 0 && hdr.sa.chunk != hdr.local.tag[31:0]);
         hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ (hdr.sa.generation ++ hdr.sa.chunk)) & (0 - (bit<64>)hdr.local.fresh));
         tag.write(hdr.local.idx, hdr.local.tag);
     }
@@ -37,11 +48,9 @@ control Aggregation(inout headers_t hdr) {
     /* A fresh chunk starts the copy afresh, reading none of it: the worker's bit alone, a count of
      * 1, its exponent proposal, its values. */
     action start_copy() {
-        hdr.local.seen = 0;
         hdr.local.bitmap = 32w1 << hdr.sa.worker;
         bitmap.write(hdr.local.idx, hdr.local.bitmap);
-        hdr.local.count = 1;
-        count.write(hdr.local.idx, hdr.local.count);
+        count.write(hdr.local.idx, 1);
         exponent.write(hdr.local.idx, hdr.sa.exponent);
         values.write(hdr.local.idx, hdr.vals.values);
     }
@@ -81,18 +90,115 @@ control Aggregation(inout headers_t hdr) {
         values.read(hdr.vals.values, hdr.local.idx);
     }
 
-    /* A stale chunk stops after the tag stage: it sets no other field of hdr.local. */
+    /* The outcomes. A contribution counted into a sum that is not finished yet: nothing to send. */
+    action counted() {
+        job_contributions.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+    /* The last contribution: the sum to every worker of the job, through the job's multicast group
+     * (job index + 1). Egress addresses each replica to its worker, from the switch. */
+    action result_to_all() {
+        job_contributions.count(hdr.local.job_index);
+        job_results_multicast.count(hdr.local.job_index);
+        std.mcast_grp = (bit<16>)hdr.local.job_index + 1;
+        hdr.sa.type = SA_TYPE_RESULT;
+    }
+    /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
+     * its switchagg port, with UDP checksum 0 (the addresses changed; 0 means no checksum). */
+    action reply_to_sender() {
+        hdr.outer.eth_addrs = hdr.outer.eth_addrs << 48 | hdr.outer.eth_addrs >> 48;
+        hdr.outer.ip_addrs = hdr.outer.ip_addrs << 32 | hdr.outer.ip_addrs >> 32;
+        hdr.outer.udp = (bit<64>)SA_UDP_PORT << 48 | hdr.outer.udp >> 16 & 0xffff00000000 | hdr.outer.udp & 0xffff0000;
+        std.egress_spec = std.ingress_port;
+    }
+    /* The stored sum back to a worker that sent its contribution again. */
+    action result_to_sender() {
+        job_results_unicast.count(hdr.local.job_index);
+        hdr.sa.type = SA_TYPE_RESULT;
+        reply_to_sender();
+    }
+    action probe_reply() {
+        job_probes.count(hdr.local.job_index);
+        hdr.sa.type = SA_TYPE_PROBE_REPLY;
+        hdr.sa.generation = hdr.local.generation;
+        reply_to_sender();
+    }
+    action drop_duplicate_pending() {
+        job_duplicate_pending.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+    action drop_stale() {
+        job_stale.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+    action drop_wrong_generation() {
+        job_wrong_generation.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+    action drop_slot_out_of_range() {
+        job_slot_out_of_range.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+    action drop_bad_count() {
+        job_bad_count.count(hdr.local.job_index);
+        mark_to_drop(std);
+    }
+
+    /* Each outcome's steps in one action where the outcome is known before them (BMv2 pays per
+     * action called as well as per primitive). */
+    action start_copy_counted() {
+        start_copy();
+        counted();
+    }
+    action add_contribution_counted() {
+        add_contribution();
+        counted();
+    }
+    action add_contribution_to_all() {
+        add_contribution();
+        result_to_all();
+    }
+
+    /* An admitted packet, with the same outcome as SwitchModel.process: the common case (a
+     * contribution of K values of the current generation to a slot of the job) is tested first,
+     * each outcome is decided as soon as the stages before it allow, and the drop reasons are told
+     * apart only off that path. A stale chunk stops after the tag stage, and sets no other field
+     * of hdr.local. */
     apply {
-        tag_stage();
-        if (hdr.local.fresh == 1) {
-            start_copy();
-        } else if (hdr.local.stale == 0) {
-            count_worker();
-            if (hdr.local.seen == 0) {
-                add_contribution();
-            } else if (hdr.local.count == hdr.local.n_workers) {
-                read_result();
+        if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.generation && hdr.sa.slot < hdr.local.slot_count) {
+            tag_stage();
+            if (hdr.local.fresh == 1) {
+                if (hdr.local.n_workers == 1) {
+                    start_copy();
+                    result_to_all();
+                } else {
+                    start_copy_counted();
+                }
+            } else if (hdr.sa.chunk != hdr.local.tag[31:0]) {
+                drop_stale();
+            } else {
+                count_worker();
+                if (hdr.local.seen == 1) {
+                    if (hdr.local.count == hdr.local.n_workers) {
+                        read_result();
+                        result_to_sender();
+                    } else {
+                        drop_duplicate_pending();
+                    }
+                } else if (hdr.local.count == hdr.local.n_workers) {
+                    add_contribution_to_all();
+                } else {
+                    add_contribution_counted();
+                }
             }
+        } else if (hdr.sa.type == SA_TYPE_PROBE) {
+            probe_reply();
+        } else if (hdr.sa.generation != hdr.local.generation) {
+            drop_wrong_generation();
+        } else if (hdr.sa.slot >= hdr.local.slot_count) {
+            drop_slot_out_of_range();
+        } else {
+            drop_bad_count();
         }
     }
 }

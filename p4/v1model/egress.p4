@@ -10,16 +10,16 @@
 const bit<32> PKT_INSTANCE_TYPE_REPLICATION = 5;
 
 control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
-    action to_worker(mac_addr_t mac, ipv4_addr_t ip, bit<16> port, bit<8> worker) {
-        hdr.outer.eth_dst = mac;
-        hdr.outer.ip_dst = ip;
-        hdr.outer.udp_dst = port;
+    action to_worker(bit<96> eth_dst, bit<64> ip_addrs, bit<64> udp_ports, bit<8> worker) {
+        hdr.outer.eth_addrs = eth_dst | hdr.outer.eth_addrs >> 48;
+        hdr.outer.ip_addrs = ip_addrs;
+        hdr.outer.udp = udp_ports | hdr.outer.udp & 0xffff0000;
         hdr.sa.worker = worker;
     }
 
     table replica {
         key = {
-            hdr.sa.job: exact;
+            std.mcast_grp: exact;
             std.egress_port: exact;
             std.egress_rid: exact;
         }
@@ -28,13 +28,13 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
         size = 2048;
     }
 
+    /* Only a replica of a finished sum is in the table (its job's group, its worker's port and
+     * instance), and it is all that egress rewrites. Any other replica is a flooded frame, which
+     * does not go back out of the port it came in on, or one of a sum with no entry, dropped. */
     apply {
-        if (std.instance_type == PKT_INSTANCE_TYPE_REPLICATION) {
-            if (hdr.sa.isValid()) {  /* only a finished sum is a replicated switchagg packet */
-                if (!replica.apply().hit) {
-                    mark_to_drop(std);
-                }
-            } else if (std.egress_port == std.ingress_port) {
+        if (!replica.apply().hit) {
+            if (std.instance_type == PKT_INSTANCE_TYPE_REPLICATION
+                    && (hdr.sa.isValid() || std.egress_port == std.ingress_port)) {
                 mark_to_drop(std);
             }
         }

@@ -6,8 +6,9 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
         pkt.extract(hdr.outer);  /* a frame of under 42 bytes is left with no valid header and dropped */
         /* IPv4 with ihl 5 and fragment offset 0, UDP, to the switchagg port */
         transition select(hdr.outer.ether_type, hdr.outer.ver_ihl_tos_len, hdr.outer.id_frag_ttl_proto,
-                          hdr.outer.udp_dst) {
-            (0x0800, 0x05000000 &&& 0x0f000000, 17 &&& 0x00001fff00ff, SA_UDP_PORT): parse_sa;
+                          hdr.outer.udp) {
+            (0x0800, 0x05000000 &&& 0x0f000000, 17 &&& 0x00001fff00ff,
+             (bit<64>)SA_UDP_PORT << 32 &&& 0x0000ffff00000000): parse_sa;
             default: accept;
         }
     }
@@ -17,9 +18,9 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
          * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
          * hdr.vals as that common case, with no further test. */
         transition select(hdr.sa.version, hdr.sa.type, hdr.sa.flags, hdr.sa.reserved, hdr.sa.worker, hdr.sa.count,
-                          hdr.outer.udp_length_checksum, hdr.outer.ver_ihl_tos_len) {
+                          hdr.outer.udp, hdr.outer.ver_ihl_tos_len) {
             (SA_VERSION, SA_TYPE_CONTRIB, 0 &&& (bit<8>)~SA_FLAG_COPY, 0, 0 &&& (bit<8>)~(SA_MAX_WORKERS - 1),
-             SA_VALUES, (bit<32>)SA_CONTRIB_UDP_BYTES << 16 &&& 0xffff0000,
+             SA_VALUES, (bit<64>)SA_CONTRIB_UDP_BYTES << 16 &&& 0xffff0000,
              (bit<32>)SA_CONTRIB_IP_BYTES &&& 0xffff): parse_values;
             default: accept;
         }
@@ -38,7 +39,7 @@ control SaComputeChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply {
         /* only a switchagg packet is rewritten; other frames leave as they came */
         update_checksum(hdr.sa.isValid(),
-            { hdr.outer.ver_ihl_tos_len, hdr.outer.id_frag_ttl_proto, hdr.outer.ip_src, hdr.outer.ip_dst },
+            { hdr.outer.ver_ihl_tos_len, hdr.outer.id_frag_ttl_proto, hdr.outer.ip_addrs },
             hdr.outer.ip_checksum, HashAlgorithm.csum16);
     }
 }

@@ -9,6 +9,8 @@ worker for the switch: ``mac`` and ``switch_port``.
 
 from __future__ import annotations
 
+import ipaddress
+
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -138,10 +140,13 @@ def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str 
         for rank, (w, instance) in enumerate(zip(cfg.workers, replica_instances(cfg), strict=True)):
             group.add(w.switch_port, instance)
             rw = sh.TableEntry(REPLICA)(action="SaEgress.to_worker")
-            rw.match["hdr.sa.job"] = str(cfg.job_id)
+            rw.match["std.mcast_grp"] = str(index + 1)
             rw.match["std.egress_port"] = str(w.switch_port)
             rw.match["std.egress_rid"] = str(instance)
-            rw.action["mac"], rw.action["ip"], rw.action["port"] = w.mac, w.address.host, str(w.address.port)
+            rw.action["eth_dst"] = str(_mac_int(w.mac) << 48)
+            rw.action["ip_addrs"] = str(int(ipaddress.IPv4Address(cfg.switch.host)) << 32
+                                        | int(ipaddress.IPv4Address(w.address.host)))
+            rw.action["udp_ports"] = str((cfg.switch.port << 16 | w.address.port) << 32)
             rw.action["worker"] = str(rank)
             rw.insert()
         group.insert()
@@ -167,10 +172,11 @@ def replica_instances(cfg: JobConfig) -> list[int]:
 def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation: int) -> Any:
     w = cfg.workers[rank]
     e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
+    e.match["sa_valid"] = "1"
     e.match["hdr.sa.job"] = str(cfg.job_id)
     e.match["hdr.sa.worker"] = str(rank)
-    e.match["hdr.outer.ip_src"] = w.address.host
-    e.match["hdr.outer.udp_src"] = str(w.address.port)
+    e.match["ip_src"] = str(int(ipaddress.IPv4Address(w.address.host)) << 32)
+    e.match["udp_src"] = str(w.address.port << 48)
     e.match["hdr.sa.key"] = str(cfg.key)
     e.action["job_index"] = str(index)
     e.action["n_workers"] = str(cfg.n_workers)
@@ -184,20 +190,20 @@ def _install_l2(sh: Any, cfg: JobConfig) -> None:
     """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
     entries = list(sh.TableEntry(L2).read())
     ports = {_param(e, "port") for e in entries if e.action.action_name.endswith("to_port")}
-    present = {_match(e, "hdr.outer.eth_dst") for e in entries}
+    present = {_match(e, "eth_dst") >> 48 for e in entries}
     first = not entries
     for w in cfg.workers:
         if _mac_int(w.mac) in present:
             continue
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.to_port")
-        e.match["hdr.outer.eth_dst"] = w.mac
+        e.match["eth_dst"] = str(_mac_int(w.mac) << 48)
         e.action["port"] = str(w.switch_port)
         e.insert()
         present.add(_mac_int(w.mac))
         ports.add(w.switch_port)
     if _mac_int(BROADCAST) not in present:
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood")
-        e.match["hdr.outer.eth_dst"] = BROADCAST
+        e.match["eth_dst"] = str(_mac_int(BROADCAST) << 48)
         e.insert()
     flood = sh.MulticastGroupEntry(FLOOD_GROUP)
     for port in sorted(ports):
@@ -228,7 +234,7 @@ def undeploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> None:
         for e in entries:
             e.delete()
         for e in sh.TableEntry(REPLICA).read():
-            if _match(e, "hdr.sa.job") == cfg.job_id:
+            if _match(e, "std.mcast_grp") == index + 1:
                 e.delete()
         sh.MulticastGroupEntry(index + 1).delete()
 
@@ -244,7 +250,7 @@ def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[s
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit("reading counters"):
         status: dict[str, Any] = {"jobs": {}, "counters": {"global": {}, "jobs": {}}}
         for d in GlobalDrop:
-            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.admission.global_drops", d)
+            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.global_drops", d)
         jobs: dict[int, list[Any]] = {}
         for e in _admission_entries(sh):
             jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)
@@ -254,5 +260,5 @@ def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[s
                 "generation": _param(entries[0], "generation"), "slot_base": _param(entries[0], "slot_base"),
                 "slot_count": _param(entries[0], "slot_count"), "workers": [None] * len(entries)}
             status["counters"]["jobs"][str(job)] = {
-                c.name.lower(): _counter(sh, f"SaIngress.job_{c.name.lower()}", index) for c in JobCounter}
+                c.name.lower(): _counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", index) for c in JobCounter}
         return status

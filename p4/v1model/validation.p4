@@ -1,0 +1,38 @@
+/* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
+ * the parser found well formed (a probe, a contribution of another K, or a malformed packet), in
+ * SwitchModel.process's order. What it drops, it counts by reason and strips of its switchagg
+ * header, so that admission skips it; a probe or another K keeps it and goes on to admission. */
+
+control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter drops) {
+    action drop() {
+        mark_to_drop(std);
+        hdr.sa.setInvalid();
+    }
+
+    /* One action per reason, each counting a constant: a parameter chosen per call site would cost
+     * a temporary of the program, which BMv2 resets on every packet. */
+    action drop_malformed() {
+        drops.count(SA_DROP_MALFORMED);
+        drop();
+    }
+    action drop_bad_version() {
+        drops.count(SA_DROP_BAD_VERSION);
+        drop();
+    }
+
+    apply {
+        if (!hdr.sa.isValid()) {
+            drop_malformed();
+        } else if (hdr.sa.version != SA_VERSION) {
+            drop_bad_version();
+        } else if (std.parser_error != error.NoError
+                || hdr.outer.udp[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
+                || hdr.outer.ver_ihl_tos_len[15:0] != 20 + hdr.outer.udp[31:16]
+                || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
+                || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
+                || hdr.sa.worker >= SA_MAX_WORKERS
+                || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
+            drop_malformed();
+        }
+    }
+}
