@@ -57,7 +57,7 @@ def test_constants_match():
 
 def test_one_counter_array_per_job_counter():
     text = (P4 / "v1model" / "aggregation.p4").read_text()
-    arrays = re.findall(r"counter\(SA_MAX_JOBS, CounterType\.packets\)\s+job_(\w+);", text)
+    arrays = re.findall(r"counter<bit<16>>\(SA_NUM_JOB_IDS, CounterType\.packets\)\s+job_(\w+);", text)
     assert arrays == [j.name.lower() for j in JobCounter]
 
 

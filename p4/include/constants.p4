@@ -21,6 +21,7 @@ const bit<8>  SA_FLAG_COPY = 0x01;
 #define SA_NUM_SLOTS 1024
 #define SA_NUM_COPIES 2048
 #define SA_MAX_JOBS 64
+#define SA_NUM_JOB_IDS 65536  /* per-job counters are indexed by the 16-bit job id */
 
 /* Global drops (counter index). */
 const bit<32> SA_DROP_MALFORMED = 0;

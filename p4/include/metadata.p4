@@ -14,12 +14,10 @@ header sa_local_h {
     bit<2048> held;        /* values stage: the sums the copy holds, read to add the packet's to */
     bit<64>   tag;         /* tag stage: the copy's tag as read, then as written */
     bit<32>   idx;         /* register index: 2 * (slot_base + slot) + copy */
-    bit<32>   generation;  /* the job's current generation */
-    bit<32>   bitmap;      /* bitmap stage: the bitmap as read, then as written */
-    bit<32>   job_index;   /* the job's index in the per-job counter arrays */
-    bit<16>   slot_count;
-    bit<8>    n_workers;
-    bit<8>    count;       /* count stage: contributions in the copy after this packet */
+    bit<64>   job;         /* admission: the job's slot count [63:48], multicast group [47:40], workers
+                            * [39:32] (where workers keeps the count) and generation [31:0] */
+    bit<64>   workers;     /* bitmap and count stages: count [39:32] and bitmap [31:0], as read, then as
+                            * written (64 bits wide, to compare with job without a cast) */
     bit<8>    exponent;    /* exponent stage: the maximum the copy holds */
     bit<1>    fresh;       /* tag stage: the chunk is new to the copy (first contribution of a round) */
     bit<1>    seen;        /* bitmap stage: this worker was already counted in the copy */

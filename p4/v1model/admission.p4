@@ -4,15 +4,14 @@
  * case reaches its job's aggregation with no condition tested; a switchagg packet it does not
  * find is dropped and counted. */
 
-control Admission(inout headers_t hdr, inout standard_metadata_t std)(counter drops) {
+control Admission(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
     Aggregation() aggregation;
 
-    action admit(bit<32> job_index, bit<8> n_workers, bit<16> slot_base, bit<16> slot_count,
-                 bit<32> generation) {
-        hdr.local.job_index = job_index;
-        hdr.local.n_workers = n_workers;
-        hdr.local.slot_count = slot_count;
-        hdr.local.generation = generation;
+    /* The job's parameters come packed as hdr.local.job holds them (metadata.p4), which the control
+     * plane does: BMv2 pays per field written, and p4c's ++ costs as many operators as it has bits
+     * to place. */
+    action admit(bit<16> slot_base, bit<64> job) {
+        hdr.local.job = job;
         /* the copy's register index, 2 * (slot_base + slot) + copy (used only once slot < slot_count) */
         hdr.local.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1) | (bit<32>)(hdr.sa.flags & SA_FLAG_COPY);
     }

@@ -17,23 +17,22 @@
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
 
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
-    register<bit<64>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
-    register<bit<32>>(SA_NUM_COPIES) bitmap;   /* workers counted in the copy */
-    register<bit<8>>(SA_NUM_COPIES) count;     /* how many */
-    register<bit<8>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
-    register<bit<2048>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
+    register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
+    register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* how many workers the copy counted [39:32], and which [31:0] */
+    register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
+    register<bit<2048>, bit<32>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
     /* Per job: one array per event of switchagg.switch.counters.JobCounter, named after it and indexed
-     * by the job's index, so that counting needs no index arithmetic. */
-    counter(SA_MAX_JOBS, CounterType.packets) job_contributions;
-    counter(SA_MAX_JOBS, CounterType.packets) job_results_multicast;
-    counter(SA_MAX_JOBS, CounterType.packets) job_results_unicast;
-    counter(SA_MAX_JOBS, CounterType.packets) job_probes;
-    counter(SA_MAX_JOBS, CounterType.packets) job_wrong_generation;
-    counter(SA_MAX_JOBS, CounterType.packets) job_slot_out_of_range;
-    counter(SA_MAX_JOBS, CounterType.packets) job_bad_count;
-    counter(SA_MAX_JOBS, CounterType.packets) job_stale;
-    counter(SA_MAX_JOBS, CounterType.packets) job_duplicate_pending;
+     * by the job's id, so that counting needs neither index arithmetic nor a field from admission. */
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_contributions;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_multicast;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_unicast;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_probes;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_wrong_generation;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_slot_out_of_range;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_bad_count;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_stale;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_duplicate_pending;
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
@@ -48,23 +47,19 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     /* A fresh chunk starts the copy afresh, reading none of it: the worker's bit alone, a count of
      * 1, its exponent proposal, its values. */
     action start_copy() {
-        hdr.local.bitmap = 32w1 << hdr.sa.worker;
-        bitmap.write(hdr.local.idx, hdr.local.bitmap);
-        count.write(hdr.local.idx, 1);
+        hdr.local.workers = 64w0x100000000 | (64w1 << hdr.sa.worker);
+        workers.write(hdr.local.idx, hdr.local.workers);
         exponent.write(hdr.local.idx, hdr.sa.exponent);
         values.write(hdr.local.idx, hdr.vals.values);
     }
 
-    /* The chunk the copy holds, stages 2 and 3: the worker's bit (already set: a repeat), and the
-     * count, which a repeat leaves as it is. */
+    /* The chunk the copy holds, stages 2 and 3 (one register): the worker's bit (already set: a
+     * repeat), and the count, which a repeat leaves as it is. */
     action count_worker() {
-        bitmap.read(hdr.local.bitmap, hdr.local.idx);
-        hdr.local.seen = (bit<1>)(hdr.local.bitmap >> hdr.sa.worker);
-        hdr.local.bitmap = hdr.local.bitmap | (32w1 << hdr.sa.worker);
-        bitmap.write(hdr.local.idx, hdr.local.bitmap);
-        count.read(hdr.local.count, hdr.local.idx);
-        hdr.local.count = hdr.local.count + (bit<8>)(~hdr.local.seen);
-        count.write(hdr.local.idx, hdr.local.count);
+        workers.read(hdr.local.workers, hdr.local.idx);
+        hdr.local.seen = (bit<1>)(hdr.local.workers >> hdr.sa.worker);
+        hdr.local.workers = (hdr.local.workers | (64w1 << hdr.sa.worker)) + ((bit<64>)(~hdr.local.seen) << 32);
+        workers.write(hdr.local.idx, hdr.local.workers);
     }
 
     /* A new worker's contribution, stages 4 and 5. The exponent: the signed max, b ^ ((a ^ b) &
@@ -92,15 +87,15 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
 
     /* The outcomes. A contribution counted into a sum that is not finished yet: nothing to send. */
     action counted() {
-        job_contributions.count(hdr.local.job_index);
+        job_contributions.count(hdr.sa.job);
         mark_to_drop(std);
     }
     /* The last contribution: the sum to every worker of the job, through the job's multicast group
      * (job index + 1). Egress addresses each replica to its worker, from the switch. */
     action result_to_all() {
-        job_contributions.count(hdr.local.job_index);
-        job_results_multicast.count(hdr.local.job_index);
-        std.mcast_grp = (bit<16>)hdr.local.job_index + 1;
+        job_contributions.count(hdr.sa.job);
+        job_results_multicast.count(hdr.sa.job);
+        std.mcast_grp = (bit<16>)hdr.local.job[47:40];
         hdr.sa.type = SA_TYPE_RESULT;
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
@@ -113,34 +108,34 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     }
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
-        job_results_unicast.count(hdr.local.job_index);
+        job_results_unicast.count(hdr.sa.job);
         hdr.sa.type = SA_TYPE_RESULT;
         reply_to_sender();
     }
     action probe_reply() {
-        job_probes.count(hdr.local.job_index);
+        job_probes.count(hdr.sa.job);
         hdr.sa.type = SA_TYPE_PROBE_REPLY;
-        hdr.sa.generation = hdr.local.generation;
+        hdr.sa.generation = hdr.local.job[31:0];
         reply_to_sender();
     }
     action drop_duplicate_pending() {
-        job_duplicate_pending.count(hdr.local.job_index);
+        job_duplicate_pending.count(hdr.sa.job);
         mark_to_drop(std);
     }
     action drop_stale() {
-        job_stale.count(hdr.local.job_index);
+        job_stale.count(hdr.sa.job);
         mark_to_drop(std);
     }
     action drop_wrong_generation() {
-        job_wrong_generation.count(hdr.local.job_index);
+        job_wrong_generation.count(hdr.sa.job);
         mark_to_drop(std);
     }
     action drop_slot_out_of_range() {
-        job_slot_out_of_range.count(hdr.local.job_index);
+        job_slot_out_of_range.count(hdr.sa.job);
         mark_to_drop(std);
     }
     action drop_bad_count() {
-        job_bad_count.count(hdr.local.job_index);
+        job_bad_count.count(hdr.sa.job);
         mark_to_drop(std);
     }
 
@@ -165,10 +160,10 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * apart only off that path. A stale chunk stops after the tag stage, and sets no other field
      * of hdr.local. */
     apply {
-        if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.generation && hdr.sa.slot < hdr.local.slot_count) {
+        if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.job[31:0] && hdr.sa.slot < hdr.local.job[63:48]) {
             tag_stage();
             if (hdr.local.fresh == 1) {
-                if (hdr.local.n_workers == 1) {
+                if (hdr.local.job & 0xff00000000 == 0x100000000) {
                     start_copy();
                     result_to_all();
                 } else {
@@ -179,13 +174,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             } else {
                 count_worker();
                 if (hdr.local.seen == 1) {
-                    if (hdr.local.count == hdr.local.n_workers) {
+                    if ((hdr.local.workers ^ hdr.local.job) & 0xff00000000 == 0) {
                         read_result();
                         result_to_sender();
                     } else {
                         drop_duplicate_pending();
                     }
-                } else if (hdr.local.count == hdr.local.n_workers) {
+                } else if ((hdr.local.workers ^ hdr.local.job) & 0xff00000000 == 0) {
                     add_contribution_to_all();
                 } else {
                     add_contribution_counted();
@@ -193,9 +188,9 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             }
         } else if (hdr.sa.type == SA_TYPE_PROBE) {
             probe_reply();
-        } else if (hdr.sa.generation != hdr.local.generation) {
+        } else if (hdr.sa.generation != hdr.local.job[31:0]) {
             drop_wrong_generation();
-        } else if (hdr.sa.slot >= hdr.local.slot_count) {
+        } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();
         } else {
             drop_bad_count();

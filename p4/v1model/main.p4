@@ -3,6 +3,7 @@
  * tests/test_bmv2.py compares this program against, packet for packet. */
 
 #include <core.p4>
+#define V1MODEL_VERSION 20200408  /* counters and registers typed by their index */
 #include <v1model.p4>
 
 #include "../include/constants.p4"
@@ -17,7 +18,7 @@
 
 control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
     /* Drops before a packet is tied to a job, by reason (switchagg.switch.counters.GlobalDrop). */
-    counter(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
+    counter<bit<32>>(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
     Validation(global_drops) validation;
     Admission(global_drops) admission;
     Forwarding() forwarding;

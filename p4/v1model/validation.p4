@@ -3,7 +3,7 @@
  * SwitchModel.process's order. What it drops, it counts by reason and strips of its switchagg
  * header, so that admission skips it; a probe or another K keeps it and goes on to admission. */
 
-control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter drops) {
+control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
     action drop() {
         mark_to_drop(std);
         hdr.sa.setInvalid();

@@ -10,11 +10,10 @@ worker for the switch: ``mac`` and ``switch_port``.
 from __future__ import annotations
 
 import ipaddress
-
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import JobConfig
 from ..errors import ConfigError, SwitchAggError
@@ -99,6 +98,25 @@ def _param(entry: Any, name: str) -> int:
     return int.from_bytes(entry.action[name].value, "big")
 
 
+class JobParams(NamedTuple):
+    """What admission gives an admitted packet: the admit action's ``job`` parameter, packed as the P4
+    program keeps it (``hdr.local.job`` in p4/include/metadata.p4), so that admission writes one field."""
+
+    slot_count: int
+    group: int  # the job's multicast group: its index among the deployed jobs + 1
+    n_workers: int
+    generation: int
+
+    def pack(self) -> int:
+        return self.slot_count << 48 | self.group << 40 | self.n_workers << 32 | self.generation
+
+    @classmethod
+    def of(cls, entry: Any) -> JobParams:
+        """The parameters of an admission entry read back."""
+        job = _param(entry, "job")
+        return cls(job >> 48, job >> 40 & 0xFF, job >> 32 & 0xFF, job & 0xFFFFFFFF)
+
+
 def _match(entry: Any, name: str) -> int:
     """An exact match field of an entry read back, as an integer."""
     return int.from_bytes(entry.match[name].exact.value, "big")
@@ -122,8 +140,8 @@ def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str 
         existing = _admission_entries(sh)
         used: dict[int, tuple[int, int, int]] = {}
         for e in existing:
-            job = _match(e, "hdr.sa.job")
-            used[job] = (_param(e, "job_index"), _param(e, "slot_base"), _param(e, "slot_count"))
+            params = JobParams.of(e)
+            used[_match(e, "hdr.sa.job")] = (params.group - 1, _param(e, "slot_base"), params.slot_count)
         if cfg.job_id in used:
             raise ConfigError(f"job {cfg.job_id} is already deployed: undeploy it, or reset it for a new run")
         for job, (_, base, count) in used.items():
@@ -170,6 +188,7 @@ def replica_instances(cfg: JobConfig) -> list[int]:
 
 
 def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation: int) -> Any:
+    """Worker ``rank``'s entry: the job's id, the worker, its source address and the job's key."""
     w = cfg.workers[rank]
     e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
     e.match["sa_valid"] = "1"
@@ -178,11 +197,8 @@ def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation:
     e.match["ip_src"] = str(int(ipaddress.IPv4Address(w.address.host)) << 32)
     e.match["udp_src"] = str(w.address.port << 48)
     e.match["hdr.sa.key"] = str(cfg.key)
-    e.action["job_index"] = str(index)
-    e.action["n_workers"] = str(cfg.n_workers)
     e.action["slot_base"] = str(cfg.slot_base)
-    e.action["slot_count"] = str(cfg.slot_count)
-    e.action["generation"] = str(generation)
+    e.action["job"] = str(JobParams(cfg.slot_count, index + 1, cfg.n_workers, generation).pack())
     return e
 
 
@@ -219,10 +235,10 @@ def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
     """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"resetting job {cfg.job_id}"):
         entries = _deployed_entries(sh, cfg, grpc_addr)
-        old = _param(entries[0], "generation")
-        generation = new_generation(old)
+        params = JobParams.of(entries[0])
+        generation = new_generation(params.generation)
         for e in entries:
-            e.action["generation"] = str(generation)
+            e.action["job"] = str(params._replace(generation=generation).pack())
             e.modify()
     return generation
 
@@ -230,13 +246,13 @@ def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
 def undeploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> None:
     with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"removing job {cfg.job_id}"):
         entries = _deployed_entries(sh, cfg, grpc_addr)
-        index = _param(entries[0], "job_index")
+        group = JobParams.of(entries[0]).group
         for e in entries:
             e.delete()
         for e in sh.TableEntry(REPLICA).read():
-            if _match(e, "std.mcast_grp") == index + 1:
+            if _match(e, "std.mcast_grp") == group:
                 e.delete()
-        sh.MulticastGroupEntry(index + 1).delete()
+        sh.MulticastGroupEntry(group).delete()
 
 
 def _counter(sh: Any, name: str, index: int) -> int:
@@ -255,10 +271,11 @@ def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[s
         for e in _admission_entries(sh):
             jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)
         for job, entries in jobs.items():
-            index = _param(entries[0], "job_index")
+            params = JobParams.of(entries[0])
             status["jobs"][str(job)] = {
-                "generation": _param(entries[0], "generation"), "slot_base": _param(entries[0], "slot_base"),
-                "slot_count": _param(entries[0], "slot_count"), "workers": [None] * len(entries)}
+                "generation": params.generation, "slot_base": _param(entries[0], "slot_base"),
+                "slot_count": params.slot_count, "workers": [None] * len(entries)}
             status["counters"]["jobs"][str(job)] = {
-                c.name.lower(): _counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", index) for c in JobCounter}
+                c.name.lower(): _counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", job)
+                for c in JobCounter}
         return status
