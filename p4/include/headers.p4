@@ -2,25 +2,33 @@
 #ifndef SWITCHAGG_HEADERS_P4
 #define SWITCHAGG_HEADERS_P4
 
-typedef bit<48> mac_addr_t;
-typedef bit<32> ipv4_addr_t;
-
-/* Ethernet, IPv4 and UDP as one 42-byte header, extracted from every frame: BMv2 pays per header
- * (its valid bit set, cleared, and each header emitted and copied) as well as per field, and
- * switchagg reads the three together. The fields are the ones switchagg writes, the rest grouped and
- * read through masks. In a frame that is not IPv4 and UDP, the bytes past the Ethernet header are
- * not IPv4 and UDP: only eth_dst is read there, and the frame leaves unchanged. */
+/* Ethernet, IPv4 and UDP as one 42-byte field, extracted from every frame: BMv2 pays per header
+ * (its valid bit set and cleared, the emit, the copy into a replica) and per field (extracted,
+ * emitted, copied, and re-encoded whenever written), not per bit. The program reads it through the
+ * masks below and writes it whole. In a frame that is not IPv4 and UDP, the bytes past the Ethernet
+ * header are not IPv4 and UDP: only the Ethernet destination is read there, and the frame leaves
+ * unchanged. On Tofino (TNA) these are the usual three headers. */
 header outer_h {
-    bit<96>     eth_addrs;            /* destination [95:48], source [47:0] */
-    bit<16>     ether_type;
-    bit<32>     ver_ihl_tos_len;      /* version [31:28], ihl [27:24], DSCP/ECN [23:16], total length [15:0] */
-    bit<48>     id_frag_ttl_proto;    /* identification [47:32], flags [31:29], fragment offset [28:16],
-                                       * TTL [15:8], protocol [7:0] */
-    bit<16>     ip_checksum;
-    bit<64>     ip_addrs;             /* source [63:32], destination [31:0] */
-    bit<64>     udp;                  /* source port [63:48], destination port [47:32], length [31:16],
-                                       * checksum [15:0] */
+    bit<336> head;
 }
+
+/* Where each field sits in outer_h.head: Ethernet destination and source, EtherType; IPv4 version and
+ * IHL, DSCP/ECN, total length, identification, flags and fragment offset, TTL, protocol, checksum,
+ * source and destination; UDP source port, destination port, length and checksum. */
+#define OUTER_ETH_DST     ((bit<336>)0xffffffffffff << 288)
+#define OUTER_ETH_SRC     ((bit<336>)0xffffffffffff << 240)
+#define OUTER_ETHER_TYPE  ((bit<336>)0xffff << 224)
+#define OUTER_IHL         ((bit<336>)0x0f << 216)
+#define OUTER_IP_LENGTH   ((bit<336>)0xffff << 192)
+#define OUTER_FRAG_OFFSET ((bit<336>)0x1fff << 160)
+#define OUTER_PROTOCOL    ((bit<336>)0xff << 144)
+#define OUTER_IP_SRC      ((bit<336>)0xffffffff << 96)
+#define OUTER_IP_DST      ((bit<336>)0xffffffff << 64)
+#define OUTER_UDP_SRC     ((bit<336>)0xffff << 48)
+#define OUTER_UDP_DST     ((bit<336>)0xffff << 32)
+#define OUTER_UDP_LENGTH  ((bit<336>)0xffff << 16)
+/* From the EtherType to the IPv4 checksum: what a reply keeps */
+#define OUTER_ETHER_TYPE_TO_IP_CHECKSUM ((bit<336>)0xffffffffffffffffffffffffffff << 128)
 
 /* The switchagg header: 24 bytes, big-endian, fields as in switchagg/wire.py. */
 header switchagg_h {

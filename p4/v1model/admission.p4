@@ -25,8 +25,7 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std)(counter<bi
             hdr.sa.isValid(): exact @name("sa_valid");
             hdr.sa.job: exact;
             hdr.sa.worker: exact;
-            hdr.outer.ip_addrs & 0xffffffff00000000: exact @name("ip_src");
-            hdr.outer.udp & 0xffff000000000000: exact @name("udp_src");
+            hdr.outer.head & (OUTER_IP_SRC | OUTER_UDP_SRC): exact @name("source");  /* IPv4 address, UDP port */
             hdr.sa.key: exact;
         }
         actions = { admit; NoAction; }

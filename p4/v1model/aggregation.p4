@@ -99,11 +99,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         hdr.sa.type = SA_TYPE_RESULT;
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
-     * its switchagg port, with UDP checksum 0 (the addresses changed; 0 means no checksum). */
+     * its switchagg port: the addresses swapped (which leaves the IPv4 checksum as it was), the UDP
+     * checksum 0 (none). */
     action reply_to_sender() {
-        hdr.outer.eth_addrs = hdr.outer.eth_addrs << 48 | hdr.outer.eth_addrs >> 48;
-        hdr.outer.ip_addrs = hdr.outer.ip_addrs << 32 | hdr.outer.ip_addrs >> 32;
-        hdr.outer.udp = (bit<64>)SA_UDP_PORT << 48 | hdr.outer.udp >> 16 & 0xffff00000000 | hdr.outer.udp & 0xffff0000;
+        hdr.outer.head = hdr.outer.head & (OUTER_ETHER_TYPE_TO_IP_CHECKSUM | OUTER_UDP_LENGTH)
+                         | hdr.outer.head << 48 & OUTER_ETH_DST | hdr.outer.head >> 48 & OUTER_ETH_SRC
+                         | hdr.outer.head << 32 & OUTER_IP_SRC | hdr.outer.head >> 32 & OUTER_IP_DST
+                         | (bit<336>)SA_UDP_PORT << 48 | hdr.outer.head >> 16 & OUTER_UDP_DST;
         std.egress_spec = std.ingress_port;
     }
     /* The stored sum back to a worker that sent its contribution again. */

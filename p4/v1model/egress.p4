@@ -10,10 +10,12 @@
 const bit<32> PKT_INSTANCE_TYPE_REPLICATION = 5;
 
 control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
-    action to_worker(bit<96> eth_dst, bit<64> ip_addrs, bit<64> udp_ports, bit<8> worker) {
-        hdr.outer.eth_addrs = eth_dst | hdr.outer.eth_addrs >> 48;
-        hdr.outer.ip_addrs = ip_addrs;
-        hdr.outer.udp = udp_ports | hdr.outer.udp & 0xffff0000;
+    /* The replica's Ethernet, IPv4 and UDP headers, all but the Ethernet source, come whole from the
+     * control plane (a result's IPv4 header is the same for every sum to the worker: the switch's
+     * and the worker's addresses, the length of K values, its checksum; UDP checksum 0); the
+     * source is the switch's address the contribution was sent to. */
+    action to_worker(bit<336> head, bit<8> worker) {
+        hdr.outer.head = head | hdr.outer.head >> 48 & OUTER_ETH_SRC;
         hdr.sa.worker = worker;
     }
 

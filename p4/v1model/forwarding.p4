@@ -12,7 +12,7 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t std) {
     }
 
     table l2 {
-        key = { hdr.outer.eth_addrs & 0xffffffffffff000000000000: exact @name("eth_dst"); }
+        key = { hdr.outer.head & OUTER_ETH_DST: exact @name("eth_dst"); }
         actions = { to_port; flood; drop; }
         default_action = drop();
         size = 1024;

@@ -26,8 +26,8 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
         } else if (hdr.sa.version != SA_VERSION) {
             drop_bad_version();
         } else if (std.parser_error != error.NoError
-                || hdr.outer.udp[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)
-                || hdr.outer.ver_ihl_tos_len[15:0] != 20 + hdr.outer.udp[31:16]
+                || hdr.outer.head[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)   /* UDP length */
+                || hdr.outer.head[207:192] != 20 + hdr.outer.head[31:16]               /* IPv4 length */
                 || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
                 || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
                 || hdr.sa.worker >= SA_MAX_WORKERS

@@ -10,16 +10,17 @@ worker for the switch: ``mac`` and ``switch_port``.
 from __future__ import annotations
 
 import ipaddress
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from ..config import JobConfig
+from ..config import JobConfig, WorkerSpec
 from ..errors import ConfigError, SwitchAggError
 from ..switch.counters import GlobalDrop, JobCounter
 from ..switch.server import new_generation
-from ..wire import P4_VALUES_PER_PACKET
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET
 from .build import Pipeline
 
 MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
@@ -161,10 +162,7 @@ def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str 
             rw.match["std.mcast_grp"] = str(index + 1)
             rw.match["std.egress_port"] = str(w.switch_port)
             rw.match["std.egress_rid"] = str(instance)
-            rw.action["eth_dst"] = str(_mac_int(w.mac) << 48)
-            rw.action["ip_addrs"] = str(int(ipaddress.IPv4Address(cfg.switch.host)) << 32
-                                        | int(ipaddress.IPv4Address(w.address.host)))
-            rw.action["udp_ports"] = str((cfg.switch.port << 16 | w.address.port) << 32)
+            rw.action["head"] = str(_result_head(cfg, w))
             rw.action["worker"] = str(rank)
             rw.insert()
         group.insert()
@@ -194,8 +192,7 @@ def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation:
     e.match["sa_valid"] = "1"
     e.match["hdr.sa.job"] = str(cfg.job_id)
     e.match["hdr.sa.worker"] = str(rank)
-    e.match["ip_src"] = str(int(ipaddress.IPv4Address(w.address.host)) << 32)
-    e.match["udp_src"] = str(w.address.port << 48)
+    e.match["source"] = str(int(ipaddress.IPv4Address(w.address.host)) << 96 | w.address.port << 48)
     e.match["hdr.sa.key"] = str(cfg.key)
     e.action["slot_base"] = str(cfg.slot_base)
     e.action["job"] = str(JobParams(cfg.slot_count, index + 1, cfg.n_workers, generation).pack())
@@ -206,25 +203,41 @@ def _install_l2(sh: Any, cfg: JobConfig) -> None:
     """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
     entries = list(sh.TableEntry(L2).read())
     ports = {_param(e, "port") for e in entries if e.action.action_name.endswith("to_port")}
-    present = {_match(e, "eth_dst") >> 48 for e in entries}
+    present = {_match(e, "eth_dst") >> 288 for e in entries}
     first = not entries
     for w in cfg.workers:
         if _mac_int(w.mac) in present:
             continue
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.to_port")
-        e.match["eth_dst"] = str(_mac_int(w.mac) << 48)
+        e.match["eth_dst"] = str(_mac_int(w.mac) << 288)
         e.action["port"] = str(w.switch_port)
         e.insert()
         present.add(_mac_int(w.mac))
         ports.add(w.switch_port)
     if _mac_int(BROADCAST) not in present:
         e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood")
-        e.match["eth_dst"] = str(_mac_int(BROADCAST) << 48)
+        e.match["eth_dst"] = str(_mac_int(BROADCAST) << 288)
         e.insert()
     flood = sh.MulticastGroupEntry(FLOOD_GROUP)
     for port in sorted(ports):
         flood.add(port, 0)
     (flood.insert if first else flood.modify)()
+
+
+def _result_head(cfg: JobConfig, w: WorkerSpec) -> int:
+    """A result's Ethernet, IPv4 and UDP headers to worker ``w`` as egress writes them (``outer.head``), but
+    for the Ethernet source, which egress fills in: from the switch to the worker, K values long, with
+    a correct IPv4 checksum (no fragments, TTL 64) and no UDP checksum."""
+    udp_len = 8 + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0x4000, 64, 17, 0,
+                     ipaddress.IPv4Address(cfg.switch.host).packed, ipaddress.IPv4Address(w.address.host).packed)
+    total = sum(struct.unpack("!10H", ip))
+    total = (total & 0xFFFF) + (total >> 16)
+    total = (total & 0xFFFF) + (total >> 16)
+    ip = ip[:10] + struct.pack("!H", ~total & 0xFFFF) + ip[12:]
+    head = (bytes.fromhex(w.mac.replace(":", "")) + bytes(6) + b"\x08\x00" + ip
+            + struct.pack("!HHHH", cfg.switch.port, w.address.port, udp_len, 0))
+    return int.from_bytes(head, "big")
 
 
 def _mac_int(mac: str) -> int:
