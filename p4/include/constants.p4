@@ -16,6 +16,9 @@ const bit<16> SA_HEADER_BYTES = 24;
 const bit<16> SA_CONTRIB_UDP_BYTES = 8 + SA_HEADER_BYTES + 4 * SA_VALUES;
 const bit<16> SA_CONTRIB_IP_BYTES = 20 + SA_CONTRIB_UDP_BYTES;
 const bit<8>  SA_FLAG_COPY = 0x01;
+/* What turns a contribution's type into a result's, and a probe's into a reply's, in place (xor) */
+const bit<32> SA_CONTRIB_TO_RESULT = (bit<32>)(SA_TYPE_CONTRIB ^ SA_TYPE_RESULT) << 16;
+const bit<32> SA_PROBE_TO_REPLY = (bit<32>)(SA_TYPE_PROBE ^ SA_TYPE_PROBE_REPLY) << 16;
 
 /* Aggregation pool: NUM_SLOTS slots, two shadow copies each. */
 #define SA_NUM_SLOTS 1024

@@ -30,21 +30,25 @@ header outer_h {
 /* From the EtherType to the IPv4 checksum: what a reply keeps */
 #define OUTER_ETHER_TYPE_TO_IP_CHECKSUM ((bit<336>)0xffffffffffffffffffffffffffff << 128)
 
-/* The switchagg header: 24 bytes, big-endian, fields as in switchagg/wire.py. */
+/* The switchagg header: 24 bytes, big-endian, the fields of switchagg/wire.py in order. Fields the
+ * program writes or counts by stand alone; neighbours it only reads, or writes together, share one
+ * P4 field named after them (tests/test_p4_source.py checks the names and widths against wire.py),
+ * for the reasons of outer_h. */
 header switchagg_h {
-    bit<8>  version;
-    bit<8>  type;
-    bit<8>  flags;
-    bit<8>  worker;
+    bit<32> version_type_flags_worker;
     bit<16> job;
     bit<16> slot;
-    bit<32> chunk;
-    bit<32> generation;
+    bit<64> chunk_generation;
     bit<32> key;
     bit<8>  exponent;   /* int8 on the wire; compared as signed in the exponent stage */
-    bit<8>  reserved;
-    bit<16> count;
+    bit<24> reserved_count;
 }
+
+/* Where each field sits in the shared ones */
+#define SA_VERSION_BITS    32w0xff000000
+#define SA_TYPE_BITS       32w0x00ff0000
+#define SA_WORKER_BITS     32w0x000000ff
+#define SA_GENERATION_BITS 64w0x00000000ffffffff
 
 /* K = 64 int32 values (two's complement, summed modulo 2^32) as one 2048-bit field: value j is
  * bits [2047-32j : 2016-32j], which is the wire order. BMv2 pays per field and per primitive, not

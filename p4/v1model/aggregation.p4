@@ -17,7 +17,7 @@
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
 
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
-    register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* generation ++ chunk id held by the copy */
+    register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* chunk id ++ generation held by the copy */
     register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* how many workers the copy counted [39:32], and which [31:0] */
     register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>, bit<32>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
@@ -39,15 +39,16 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * chunk changes the tag. */
     action tag_stage() {
         tag.read(hdr.local.tag, hdr.local.idx);
-        hdr.local.fresh = (bit<1>)(hdr.local.tag[63:32] != hdr.sa.generation || hdr.sa.chunk - hdr.local.tag[31:0] - 1 < 0x7fffffff);
-        hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ (hdr.sa.generation ++ hdr.sa.chunk)) & (0 - (bit<64>)hdr.local.fresh));
+        hdr.local.fresh = (bit<1>)((hdr.local.tag ^ hdr.sa.chunk_generation) & SA_GENERATION_BITS != 0
+                                   || hdr.sa.chunk_generation - hdr.local.tag - 0x100000000 < 0x7fffffff00000000);
+        hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ hdr.sa.chunk_generation) & (0 - (bit<64>)hdr.local.fresh));
         tag.write(hdr.local.idx, hdr.local.tag);
     }
 
     /* A fresh chunk starts the copy afresh, reading none of it: the worker's bit alone, a count of
      * 1, its exponent proposal, its values. */
     action start_copy() {
-        hdr.local.workers = 64w0x100000000 | (64w1 << hdr.sa.worker);
+        hdr.local.workers = 64w0x100000000 | (64w1 << hdr.sa.version_type_flags_worker[7:0]);
         workers.write(hdr.local.idx, hdr.local.workers);
         exponent.write(hdr.local.idx, hdr.sa.exponent);
         values.write(hdr.local.idx, hdr.vals.values);
@@ -57,8 +58,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * repeat), and the count, which a repeat leaves as it is. */
     action count_worker() {
         workers.read(hdr.local.workers, hdr.local.idx);
-        hdr.local.seen = (bit<1>)(hdr.local.workers >> hdr.sa.worker);
-        hdr.local.workers = (hdr.local.workers | (64w1 << hdr.sa.worker)) + ((bit<64>)(~hdr.local.seen) << 32);
+        hdr.local.seen = (bit<1>)(hdr.local.workers >> hdr.sa.version_type_flags_worker[7:0]);
+        hdr.local.workers = (hdr.local.workers | (64w1 << hdr.sa.version_type_flags_worker[7:0])) + ((bit<64>)(~hdr.local.seen) << 32);
         workers.write(hdr.local.idx, hdr.local.workers);
     }
 
@@ -96,7 +97,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         job_contributions.count(hdr.sa.job);
         job_results_multicast.count(hdr.sa.job);
         std.mcast_grp = (bit<16>)hdr.local.job[47:40];
-        hdr.sa.type = SA_TYPE_RESULT;
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
      * its switchagg port: the addresses swapped (which leaves the IPv4 checksum as it was), the UDP
@@ -111,13 +112,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     /* The stored sum back to a worker that sent its contribution again. */
     action result_to_sender() {
         job_results_unicast.count(hdr.sa.job);
-        hdr.sa.type = SA_TYPE_RESULT;
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
         reply_to_sender();
     }
     action probe_reply() {
         job_probes.count(hdr.sa.job);
-        hdr.sa.type = SA_TYPE_PROBE_REPLY;
-        hdr.sa.generation = hdr.local.job[31:0];
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_PROBE_TO_REPLY;
+        hdr.sa.chunk_generation = hdr.sa.chunk_generation & ~SA_GENERATION_BITS | hdr.local.job & SA_GENERATION_BITS;
         reply_to_sender();
     }
     action drop_duplicate_pending() {
@@ -162,7 +163,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * apart only off that path. A stale chunk stops after the tag stage, and sets no other field
      * of hdr.local. */
     apply {
-        if (hdr.vals.isValid() && hdr.sa.generation == hdr.local.job[31:0] && hdr.sa.slot < hdr.local.job[63:48]) {
+        if (hdr.vals.isValid() && (hdr.sa.chunk_generation ^ hdr.local.job) & SA_GENERATION_BITS == 0
+                && hdr.sa.slot < hdr.local.job[63:48]) {
             tag_stage();
             if (hdr.local.fresh == 1) {
                 if (hdr.local.job & 0xff00000000 == 0x100000000) {
@@ -171,7 +173,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
                 } else {
                     start_copy_counted();
                 }
-            } else if (hdr.sa.chunk != hdr.local.tag[31:0]) {
+            } else if (hdr.sa.chunk_generation != hdr.local.tag) {  /* the same generation: another chunk */
                 drop_stale();
             } else {
                 count_worker();
@@ -188,9 +190,9 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
                     add_contribution_counted();
                 }
             }
-        } else if (hdr.sa.type == SA_TYPE_PROBE) {
+        } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_PROBE << 16) {
             probe_reply();
-        } else if (hdr.sa.generation != hdr.local.job[31:0]) {
+        } else if ((hdr.sa.chunk_generation ^ hdr.local.job) & SA_GENERATION_BITS != 0) {
             drop_wrong_generation();
         } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();

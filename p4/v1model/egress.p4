@@ -16,7 +16,7 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
      * source is the switch's address the contribution was sent to. */
     action to_worker(bit<336> head, bit<8> worker) {
         hdr.outer.head = head | hdr.outer.head >> 48 & OUTER_ETH_SRC;
-        hdr.sa.worker = worker;
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker & ~SA_WORKER_BITS | (bit<32>)worker;
     }
 
     table replica {

@@ -23,15 +23,17 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
     apply {
         if (!hdr.sa.isValid()) {
             drop_malformed();
-        } else if (hdr.sa.version != SA_VERSION) {
+        } else if (hdr.sa.version_type_flags_worker[31:24] != SA_VERSION) {
             drop_bad_version();
         } else if (std.parser_error != error.NoError
-                || hdr.outer.head[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.count << 2)   /* UDP length */
-                || hdr.outer.head[207:192] != 20 + hdr.outer.head[31:16]               /* IPv4 length */
-                || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
-                || (hdr.sa.flags & ~SA_FLAG_COPY) != 0 || hdr.sa.reserved != 0
-                || hdr.sa.worker >= SA_MAX_WORKERS
-                || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
+                || hdr.outer.head[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.reserved_count[15:0] << 2)  /* UDP length */
+                || hdr.outer.head[207:192] != 20 + hdr.outer.head[31:16]                             /* IPv4 length */
+                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE)
+                || hdr.sa.version_type_flags_worker[15:8] & ~SA_FLAG_COPY != 0
+                || hdr.sa.reserved_count[23:16] != 0
+                || hdr.sa.version_type_flags_worker[7:0] >= SA_MAX_WORKERS
+                || (hdr.sa.version_type_flags_worker[23:16] == SA_TYPE_PROBE && hdr.sa.reserved_count[15:0] != 0)) {
             drop_malformed();
         }
     }

@@ -191,7 +191,7 @@ def _admission_entry(sh: Any, cfg: JobConfig, rank: int, index: int, generation:
     e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
     e.match["sa_valid"] = "1"
     e.match["hdr.sa.job"] = str(cfg.job_id)
-    e.match["hdr.sa.worker"] = str(rank)
+    e.match["worker"] = str(rank)
     e.match["source"] = str(int(ipaddress.IPv4Address(w.address.host)) << 96 | w.address.port << 48)
     e.match["hdr.sa.key"] = str(cfg.key)
     e.action["slot_base"] = str(cfg.slot_base)
