@@ -6,8 +6,12 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 from switchagg import wire
+from switchagg.config import Endpoint
 from switchagg.control import bmv2
+from switchagg.errors import ConfigError
 from switchagg.local import loopback_job
 from switchagg.switch.counters import GlobalDrop, JobCounter
 
@@ -58,6 +62,7 @@ def test_constants_match():
     assert c["SA_NUM_GLOBAL_DROPS"] == len(GlobalDrop)
     assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
     assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
+    assert c["SA_NUM_JOB_IDS"] == 1 << wire.FIELDS[[f.name for f in wire.FIELDS].index("job")].bits
 
 
 def test_one_counter_array_per_job_counter():
@@ -72,3 +77,10 @@ def test_replica_instances_count_workers_before_on_the_same_port():
     cfg = dataclasses.replace(cfg, workers=tuple(dataclasses.replace(w, switch_port=p)
                                                  for w, p in zip(cfg.workers, ports, strict=True)))
     assert bmv2.replica_instances(cfg) == [0, 0, 1, 2, 1]
+
+
+def test_deploy_refuses_a_switch_port_the_program_does_not_take():
+    cfg = dataclasses.replace(loopback_job(2, values_per_packet=wire.P4_VALUES_PER_PACKET),
+                              switch=Endpoint("10.0.0.1", wire.UDP_PORT + 1))
+    with pytest.raises(ConfigError, match=f"UDP port {wire.UDP_PORT}"):
+        bmv2.deploy(cfg, "127.0.0.1:1")  # refused before it connects

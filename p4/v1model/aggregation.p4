@@ -1,17 +1,18 @@
-/* The aggregation state and the order one packet touches it (docs/protocol.md, "Per-packet order"):
- * tag -> bitmap -> count -> exponent -> values, each register read-modify-written at most once and
- * each stage deciding only from the packet and earlier stages -- what a Tofino stateful ALU can do,
- * so the TNA port is a translation: there each step below is a RegisterAction of its register.
- * Registers are indexed by 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation
- * 0 is never installed.
+/* What happens to an admitted packet: the aggregation state, the order one packet touches it
+ * (docs/protocol.md, section 8): tag -> bitmap and count (one register) -> exponent -> values, each
+ * register read-modify-written at most once and each stage deciding only from the packet and
+ * earlier stages -- what a Tofino stateful ALU can do, so the TNA port is a translation: there each
+ * step below is a RegisterAction of its register (bitmap and count a register pair). Registers are
+ * indexed by 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never
+ * installed. Then the outcome: counted, multicast, unicast back, or dropped, each counted per job.
  *
  * The tag stage decides whether the chunk is new to the copy (fresh), the one it holds, or older
- * (stale), and the control flow picks one action per outcome, which runs the later stages' steps
- * for that outcome in order: BMv2 pays about 650 instructions per action called, besides its
- * primitives. What is left to choose within an action is a mask (-(bit<N>)flag is all ones when the
- * flag is 1), with no ?: in an action: BMv2 pays per field assignment and per operator, and p4c (run
- * without LocalCopyPropagation, switchagg/control/build.py) spills a ternary into two temporaries
- * (docs/protocol.md, section 8). */
+ * (stale), and the control flow picks the outcome as soon as the stages before it allow, running
+ * it as one action with the stages it needs: BMv2 pays about 800 instructions per action called,
+ * besides its primitives. What is left to choose within an action is a mask (-(bit<N>)flag is all
+ * ones when the flag is 1), with no ?: in an action: BMv2 pays per field assignment and per
+ * operator, and p4c (run without LocalCopyPropagation, switchagg/control/build.py) spills a ternary
+ * into two temporaries (docs/protocol.md, section 8). */
 
 /* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
 #define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
@@ -36,7 +37,9 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
-     * chunk changes the tag. */
+     * chunk changes the tag. Tag and packet both hold chunk ++ generation: with the generations
+     * equal (the low halves), packet - tag is (chunk - held) << 32, so the serial-number test is one
+     * 64-bit comparison. */
     action tag_stage() {
         tag.read(hdr.local.tag, hdr.local.idx);
         hdr.local.fresh = (bit<1>)((hdr.local.tag ^ hdr.sa.chunk_generation) & SA_GENERATION_BITS != 0

@@ -1,6 +1,6 @@
 /* Egress: each replica of a finished sum is addressed to its worker; a flooded frame is not sent
- * back out of the port it came in on. Ingress made the sum a RESULT from the switch once, so a
- * replica pays only for what differs between workers (BMv2 pays per field assignment).
+ * back out of the port it came in on. Ingress made the sum a RESULT once, so a replica pays only
+ * for what differs between workers: two fields written (BMv2 pays per field written).
  *
  * A job's multicast group holds one replica per worker, told apart by (egress port, instance): the
  * instance counts the job's workers before it on the same port, so workers on distinct ports all

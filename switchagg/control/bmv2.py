@@ -20,7 +20,7 @@ from ..config import JobConfig, WorkerSpec
 from ..errors import ConfigError, SwitchAggError
 from ..switch.counters import GlobalDrop, JobCounter
 from ..switch.server import new_generation
-from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT
 from .build import Pipeline
 
 MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
@@ -82,6 +82,9 @@ def _check_config(cfg: JobConfig) -> None:
     if cfg.values_per_packet != P4_VALUES_PER_PACKET:
         raise ConfigError(f"job.values_per_packet = {cfg.values_per_packet}: the P4 program sums "
                           f"{P4_VALUES_PER_PACKET} values per packet, set it to that")
+    if cfg.switch.port != UDP_PORT:
+        raise ConfigError(f"switch = '{cfg.switch.host}:{cfg.switch.port}': the P4 program takes switchagg "
+                          f"packets on UDP port {UDP_PORT}, write '{cfg.switch.host}:{UDP_PORT}'")
     if cfg.slot_base + cfg.slot_count > NUM_SLOTS:
         raise ConfigError(f"job slots end at {cfg.slot_base + cfg.slot_count - 1}; the P4 program has "
                           f"{NUM_SLOTS} slots")
