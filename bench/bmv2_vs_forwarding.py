@@ -1,6 +1,6 @@
 """Packets per second of switchagg's P4 program on BMv2 against a plain forwarding program.
 
-    sudo .venv/bin/python bench/bmv2_vs_forwarding.py [--seconds 2] [--rounds 11] [--burst 200] [--workers 2]
+    sudo .venv/bin/python bench/bmv2_vs_forwarding.py [--seconds 2] [--rounds 11] [--burst 400] [--workers 2]
                                                       [--bmv2 PATH]
 
 Same BMv2 build, same 322-byte frames, one run: two BMv2 switches, one per program, each offered
@@ -9,12 +9,11 @@ sends each burst as fast as it can. For switchagg the frames are contributions o
 --workers workers, forged from their addresses with chunk ids rising, so every chunk is really
 aggregated and multicast and nothing is dropped early; each frame in still makes one frame out,
 and two workers, the default, make the most sums (the costliest part) per frame. For the baseline
-one table lookup forwards them from port 0 to port 1. The bursts alternate between --burst frames
-and twice that, and the rate is the marginal one, which leaves out what every burst pays once (see
-``measure``): BMv2's sustained rate. Egress queues are deepened so that BMv2 drops nothing; the
-bench warns unless every frame came out, and unless the generator offered more than either program
-forwards. Then two ``switchagg worker`` processes allreduce through BMv2. The ratio of the two rates
-over all rounds is printed last."""
+one table lookup forwards them from port 0 to port 1. The rate is BMv2's sustained one: how fast a
+burst's outputs come out once the generator has sent it all (see ``measure``). Egress queues are
+deepened so that BMv2 drops nothing; the bench warns unless every frame came out, and unless the
+generator offered more than either program forwards. Then two ``switchagg worker`` processes
+allreduce through BMv2. The ratio of the two rates over all rounds is printed last."""
 
 from __future__ import annotations
 
@@ -66,10 +65,10 @@ def frames_for(bed: TestBed, cfg, generation: int):
 SO_TIMESTAMPNS = 35  # Linux: each frame's kernel receive time (CLOCK_REALTIME) as a struct timespec
 
 
-def arrivals(socks: list[socket.socket]) -> tuple[int, float]:
-    """How many frames wait on the receivers' packet sockets (the hosts' own sends left out), and the
-    kernel's receive time of the last one (0 when none)."""
-    count, last = 0, 0.0
+def arrivals(socks: list[socket.socket]) -> list[float]:
+    """The kernel's receive times of the frames waiting on the receivers' packet sockets (the hosts'
+    own sends left out)."""
+    stamps = []
     for s in socks:
         while True:
             try:
@@ -78,24 +77,32 @@ def arrivals(socks: list[socket.socket]) -> tuple[int, float]:
                 break
             if addr[2] == netns.PACKET_OUTGOING:
                 continue
-            count += 1
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                     sec, nsec = struct.unpack("qq", data[:16])
-                    last = max(last, sec + nsec * 1e-9)
-    return count, last
+                    stamps.append(sec + nsec * 1e-9)
+    return stamps
+
+
+@dataclasses.dataclass
+class Burst:
+    """One burst: how fast the generator offered it, when it had sent it all, and when each output arrived."""
+
+    offered: float
+    sent_at: float
+    stamps: list[float]
 
 
 class Target:
     """One BMv2 under test: the generator's raw socket in host 0, the receivers' packet sockets and
     the stream of frames to offer.
 
-    Frames go in bursts that BMv2's input queue can hold. A burst goes out as fast as the generator
-    can (the offered rate) and takes BMv2 the time from its first frame to the kernel's receive time
-    of its last output. The receivers read every 5 ms rather than waking for each frame, so that on
-    a machine with few cores the measurement takes as little CPU as it can from the switch it
-    measures. Bursts are whole chunks (a multiple of the job's workers): an overloaded input queue
-    drops at random and would break chunks, leaving nothing to aggregate.
+    Frames go in bursts that BMv2's input queue can hold, as fast as the generator can (the offered
+    rate). The receivers read every 5 ms rather than waking for each frame, so that on a machine
+    with few cores the measurement takes as little CPU as it can from the switch it measures, and
+    the kernel's receive time of each output says when it came out. Bursts are whole chunks (a
+    multiple of the job's workers): an overloaded input queue drops at random and would break
+    chunks, leaving nothing to aggregate.
     """
 
     def __init__(self, bed: TestBed, stream, receivers: list[int]) -> None:
@@ -106,22 +113,22 @@ class Target:
         for s in self.rx:
             s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
-    def burst(self, size: int) -> tuple[float, float, int]:
-        """One burst of ``size`` frames: (offered packets per second, seconds BMv2 took, frames out)."""
+    def burst(self, size: int) -> Burst:
+        """One burst of ``size`` frames, and its outputs until they stop coming."""
         frames = [next(self.stream) for _ in range(size)]
         t0 = time.time()  # CLOCK_REALTIME, the clock of the receive timestamps
         for f in frames:
             self.tx.send(f)
-        offered = size / (time.time() - t0)
-        got, last, quiet_since = 0, t0, time.monotonic()
-        while time.monotonic() - quiet_since < 0.1:  # until the outputs stop coming
+        sent_at = time.time()
+        stamps: list[float] = []
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < 0.05:  # until the outputs stop coming
             time.sleep(0.005)
-            arrived, at = arrivals(self.rx)
-            if arrived:
-                got += arrived
-                last = max(last, at)
+            more = arrivals(self.rx)
+            if more:
+                stamps += more
                 quiet_since = time.monotonic()
-        return offered, last - t0, got
+        return Burst(size / (sent_at - t0), sent_at, sorted(stamps))
 
     def close(self) -> None:
         for s in (self.tx, *self.rx):
@@ -130,47 +137,52 @@ class Target:
 
 @dataclasses.dataclass
 class Tally:
-    """What one target's bursts added up to: short bursts at index 0, long ones (twice the frames) at 1."""
+    """What one target's bursts added up to."""
 
     offered: list[float] = dataclasses.field(default_factory=list)
-    busy: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.0])
-    done: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
     sent: int = 0
+    done: int = 0
+    steady_frames: int = 0
+    steady_seconds: float = 0.0
 
-    def add(self, other: Tally) -> None:
+    def add(self, size: int, burst: Burst) -> None:
+        """Count a burst. Its outputs after the generator had sent it all are BMv2 draining its input
+        queue, alone on the cores: the first of them a start, each later one a frame done."""
+        self.offered.append(burst.offered)
+        self.sent += size
+        self.done += len(burst.stamps)
+        steady = [t for t in burst.stamps if t > burst.sent_at]
+        if len(steady) > 1:
+            self.steady_frames += len(steady) - 1
+            self.steady_seconds += steady[-1] - steady[0]
+
+    def merge(self, other: Tally) -> None:
         self.offered += other.offered
         self.sent += other.sent
-        for i in (0, 1):
-            self.busy[i] += other.busy[i]
-            self.done[i] += other.done[i]
+        self.done += other.done
+        self.steady_frames += other.steady_frames
+        self.steady_seconds += other.steady_seconds
 
     def rate(self) -> float:
-        """The marginal rate: the frames the long bursts have over the short ones, over the time they
-        take over them (nan when a slow spell made the short ones take longer)."""
-        extra = self.busy[1] - self.busy[0]
-        return (self.done[1] - self.done[0]) / extra if extra > 0 else math.nan
+        """BMv2's sustained rate: frames done over the time it spent draining its queue, all bursts
+        together (a slow spell of the machine weighs by its length, as it does on either program)."""
+        return self.steady_frames / self.steady_seconds if self.steady_seconds > 0 else math.nan
 
 
 def measure(targets: list[Target], seconds: float, size: int) -> list[Tally]:
-    """Each target's bursts for ``seconds``.
+    """Each target's bursts of ``size`` frames for ``seconds``.
 
     The targets take bursts in turn, one after the other, so that a slow spell of the machine falls
-    on all of them alike; each takes bursts of ``size`` and ``2 * size`` frames alternately. A
-    burst's time includes a fixed part (BMv2's threads waking up to the first frame, the last
-    frame's way out), which weighs more on the faster program, so the rate that counts is the
-    marginal one (``Tally.rate``): BMv2's sustained rate. A burst of ``2 * size`` frames still goes
-    into the generator's socket buffer without blocking, which a much longer one would not (the
-    generator would then wake up with every frame BMv2 takes, on the same cores)."""
+    on all of them alike. What counts is the rate at which a burst's outputs come out once the
+    generator has sent it all (``Tally.add``): BMv2's sustained rate, without what a burst pays once
+    (BMv2's threads waking up to the first frame) and without the generator on the same cores. A
+    burst of a few hundred frames goes into the generator's socket buffer without blocking, which
+    a much longer one would not (the generator would then wake up with every frame BMv2 takes)."""
     tallies = [Tally() for _ in targets]
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        for long in (0, 1):
-            for t, tally in zip(targets, tallies, strict=True):
-                rate, took, got = t.burst(size << long)
-                tally.offered.append(rate)
-                tally.busy[long] += took
-                tally.done[long] += got
-                tally.sent += size << long
+        for t, tally in zip(targets, tallies, strict=True):
+            tally.add(size, t.burst(size))
     return tallies
 
 
@@ -224,7 +236,7 @@ def main() -> int:
                         help="rounds of bursts; the ratio of the rates over all rounds is printed last "
                              "(a single round's swings widely on a small shared machine)")
     parser.add_argument("--bmv2", help="the simple_switch_grpc binary to measure (default: the one on PATH)")
-    parser.add_argument("--burst", type=int, default=200, help="frames per short burst (long ones have twice)")
+    parser.add_argument("--burst", type=int, default=400, help="frames per burst")
     parser.add_argument("--workers", type=int, default=2, choices=range(2, 9), metavar="2..8",
                         help="workers in the aggregating job")
     args = parser.parse_args()
@@ -251,8 +263,8 @@ def main() -> int:
         try:
             for r in range(args.rounds):
                 a, f = measure(targets, args.seconds, args.burst - args.burst % args.workers)
-                agg.add(a)
-                fwd.add(f)
+                agg.merge(a)
+                fwd.merge(f)
                 print(f"round {r}: switchagg {a.rate():,.0f} pkt/s, forwarding {f.rate():,.0f} pkt/s, "
                       f"ratio {a.rate() / f.rate():.3f}")
         finally:
@@ -260,13 +272,13 @@ def main() -> int:
                 t.close()
         counted = bmv2.read_status(cfg, agg_bed.grpc_addr)["counters"]["jobs"][str(cfg.job_id)]
     offered_sa, offered_fwd = statistics.median(agg.offered), statistics.median(fwd.offered)
-    out_sa, out_fwd = sum(agg.done), sum(fwd.done)
-    print(f"switchagg, {args.workers} workers: offered {offered_sa:,.0f} pkt/s (median burst), BMv2 aggregated "
-          f"and sent {agg.rate():,.0f} pkt/s (all rounds); {agg.sent:,} contributions sent, {out_sa:,} sums "
+    out_sa, out_fwd = agg.done, fwd.done
+    print(f"switchagg, {args.workers} workers: offered {offered_sa:,.0f} pkt/s (median), BMv2 aggregated and sent "
+          f"{agg.rate():,.0f} pkt/s (all bursts); {agg.sent:,} contributions sent, {out_sa:,} sums "
           f"received; the switch counted {counted['contributions']:,} contributions, "
           f"{counted['results_multicast']:,} sums, {counted['stale'] + counted['duplicate_pending']} dropped early")
-    print(f"forwarding: offered {offered_fwd:,.0f} pkt/s (median burst), BMv2 forwarded {fwd.rate():,.0f} pkt/s "
-          f"(all rounds); {fwd.sent:,} frames sent, {out_fwd:,} received")
+    print(f"forwarding: offered {offered_fwd:,.0f} pkt/s (median), BMv2 forwarded {fwd.rate():,.0f} pkt/s "
+          f"(all bursts); {fwd.sent:,} frames sent, {out_fwd:,} received")
     if counted["contributions"] != agg.sent or out_sa != agg.sent or out_fwd != fwd.sent:
         print("WARNING: frames were lost on the way (not every frame reached the pipeline and came out)")
     for line in allreduce_rate(binary):

@@ -19,9 +19,9 @@ header sa_local_h {
     bit<64>   workers;     /* bitmap and count stages: count [39:32] and bitmap [31:0], as read, then as
                             * written (64 bits wide, to compare with job without a cast) */
     bit<8>    exponent;    /* exponent stage: the maximum the copy holds */
-    bit<1>    fresh;       /* tag stage: the chunk is new to the copy (first contribution of a round) */
-    bit<1>    seen;        /* bitmap stage: this worker was already counted in the copy */
-    bit<6>    unused;
+    bit<64>   fresh;       /* tag stage: 1 if the chunk is new to the copy (first contribution of a round) */
+    bit<64>   seen;        /* bitmap stage: 1 if this worker was already counted in the copy */
+                           /* (both flags as wide as what they mask, so that no cast is needed) */
 }
 
 /* v1model's user metadata: none (see sa_local_h). */

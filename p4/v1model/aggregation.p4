@@ -42,9 +42,9 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * 64-bit comparison. */
     action tag_stage() {
         tag.read(hdr.local.tag, hdr.local.idx);
-        hdr.local.fresh = (bit<1>)((hdr.local.tag ^ hdr.sa.chunk_generation) & SA_GENERATION_BITS != 0
+        hdr.local.fresh = (bit<64>)(bit<1>)((hdr.local.tag ^ hdr.sa.chunk_generation) & SA_GENERATION_BITS != 0
                                    || hdr.sa.chunk_generation - hdr.local.tag - 0x100000000 < 0x7fffffff00000000);
-        hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ hdr.sa.chunk_generation) & (0 - (bit<64>)hdr.local.fresh));
+        hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ hdr.sa.chunk_generation) & (0 - hdr.local.fresh));
         tag.write(hdr.local.idx, hdr.local.tag);
     }
 
@@ -61,8 +61,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * repeat), and the count, which a repeat leaves as it is. */
     action count_worker() {
         workers.read(hdr.local.workers, hdr.local.idx);
-        hdr.local.seen = (bit<1>)(hdr.local.workers >> hdr.sa.version_type_flags_worker[7:0]);
-        hdr.local.workers = (hdr.local.workers | (64w1 << hdr.sa.version_type_flags_worker[7:0])) + ((bit<64>)(~hdr.local.seen) << 32);
+        hdr.local.seen = hdr.local.workers >> hdr.sa.version_type_flags_worker[7:0] & 1;
+        hdr.local.workers = (hdr.local.workers | 64w1 << hdr.sa.version_type_flags_worker[7:0]) + ((hdr.local.seen ^ 1) << 32);
         workers.write(hdr.local.idx, hdr.local.workers);
     }
 
