@@ -47,6 +47,7 @@ header switchagg_h {
 /* Where each field sits in the shared ones */
 #define SA_VERSION_BITS    32w0xff000000
 #define SA_TYPE_BITS       32w0x00ff0000
+#define SA_FLAGS_BITS      32w0x0000ff00
 #define SA_WORKER_BITS     32w0x000000ff
 #define SA_GENERATION_BITS 64w0x00000000ffffffff
 

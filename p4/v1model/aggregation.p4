@@ -95,12 +95,11 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         mark_to_drop(std);
     }
     /* The last contribution: the sum to every worker of the job, through the job's multicast group
-     * (job index + 1). Egress addresses each replica to its worker, from the switch. */
+     * (job index + 1). Egress makes each replica a RESULT to its worker, from the switch. */
     action result_to_all() {
         job_contributions.count(hdr.sa.job);
         job_results_multicast.count(hdr.sa.job);
         std.mcast_grp = (bit<16>)hdr.local.job[47:40];
-        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
      * its switchagg port: the addresses swapped (which leaves the IPv4 checksum as it was), the UDP

@@ -1,6 +1,6 @@
 /* Egress: each replica of a finished sum is addressed to its worker; a flooded frame is not sent
- * back out of the port it came in on. Ingress made the sum a RESULT once, so a replica pays only
- * for what differs between workers: two fields written (BMv2 pays per field written).
+ * back out of the port it came in on. A replica is written two fields (BMv2 pays per field
+ * written), the headers that differ between workers and what they share alike.
  *
  * A job's multicast group holds one replica per worker, told apart by (egress port, instance): the
  * instance counts the job's workers before it on the same port, so workers on distinct ports all
@@ -13,10 +13,11 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
     /* The replica's Ethernet, IPv4 and UDP headers, all but the Ethernet source, come whole from the
      * control plane (a result's IPv4 header is the same for every sum to the worker: the switch's
      * and the worker's addresses, the length of K values, its checksum; UDP checksum 0); the
-     * source is the switch's address the contribution was sent to. */
-    action to_worker(bit<336> head, bit<8> worker) {
+     * source is the switch's address the contribution was sent to. So do the switchagg header's
+     * version, type (RESULT) and worker; its flags stay. */
+    action to_worker(bit<336> head, bit<32> version_type_worker) {
         hdr.outer.head = head | hdr.outer.head >> 48 & OUTER_ETH_SRC;
-        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker & ~SA_WORKER_BITS | (bit<32>)worker;
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker & SA_FLAGS_BITS | version_type_worker;
     }
 
     table replica {

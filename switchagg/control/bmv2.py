@@ -20,7 +20,7 @@ from ..config import JobConfig, WorkerSpec
 from ..errors import ConfigError, SwitchAggError
 from ..switch.counters import GlobalDrop, JobCounter
 from ..switch.server import new_generation
-from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
 from .build import Pipeline
 
 MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
@@ -166,7 +166,7 @@ def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str 
             rw.match["std.egress_port"] = str(w.switch_port)
             rw.match["std.egress_rid"] = str(instance)
             rw.action["head"] = str(_result_head(cfg, w))
-            rw.action["worker"] = str(rank)
+            rw.action["version_type_worker"] = str(VERSION << 24 | PacketType.RESULT << 16 | rank)
             rw.insert()
         group.insert()
         for rank in range(cfg.n_workers):
