@@ -24,6 +24,10 @@ header sa_local_h {
                            /* (both flags as wide as what they mask, so that no cast is needed) */
 }
 
+/* Where job keeps the worker count and workers the contribution count, and a count of one there */
+#define LOCAL_COUNT_BITS 64w0x000000ff00000000
+#define LOCAL_COUNT_ONE  64w0x0000000100000000
+
 /* v1model's user metadata: none (see sa_local_h). */
 struct sa_metadata_t { }
 

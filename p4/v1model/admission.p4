@@ -13,7 +13,8 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std)(counter<bi
     action admit(bit<16> slot_base, bit<64> job) {
         hdr.local.job = job;
         /* the copy's register index, 2 * (slot_base + slot) + copy (used only once slot < slot_count) */
-        hdr.local.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1) | hdr.sa.version_type_flags_worker >> 8 & (bit<32>)SA_FLAG_COPY;
+        hdr.local.idx = (((bit<32>)slot_base + (bit<32>)hdr.sa.slot) << 1)
+                        | hdr.sa.version_type_flags_worker >> 8 & (bit<32>)SA_FLAG_COPY;
     }
     action drop_not_admitted() {
         drops.count(SA_DROP_NOT_ADMITTED);

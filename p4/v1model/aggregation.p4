@@ -19,7 +19,7 @@
 
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* chunk id ++ generation held by the copy */
-    register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* how many workers the copy counted [39:32], and which [31:0] */
+    register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* workers counted in the copy: how many [39:32], which [31:0] */
     register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>, bit<32>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
@@ -51,7 +51,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     /* A fresh chunk starts the copy afresh, reading none of it: the worker's bit alone, a count of
      * 1, its exponent proposal, its values. */
     action start_copy() {
-        hdr.local.workers = 64w0x100000000 | (64w1 << hdr.sa.version_type_flags_worker[7:0]);
+        hdr.local.workers = LOCAL_COUNT_ONE | 64w1 << hdr.sa.version_type_flags_worker[7:0];
         workers.write(hdr.local.idx, hdr.local.workers);
         exponent.write(hdr.local.idx, hdr.sa.exponent);
         values.write(hdr.local.idx, hdr.vals.values);
@@ -62,7 +62,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     action count_worker() {
         workers.read(hdr.local.workers, hdr.local.idx);
         hdr.local.seen = hdr.local.workers >> hdr.sa.version_type_flags_worker[7:0] & 1;
-        hdr.local.workers = (hdr.local.workers | 64w1 << hdr.sa.version_type_flags_worker[7:0]) + ((hdr.local.seen ^ 1) << 32);
+        hdr.local.workers = (hdr.local.workers | 64w1 << hdr.sa.version_type_flags_worker[7:0])
+                            + ((hdr.local.seen ^ 1) << 32);  /* one more when not seen */
         workers.write(hdr.local.idx, hdr.local.workers);
     }
 
@@ -169,7 +170,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
                 && hdr.sa.slot < hdr.local.job[63:48]) {
             tag_stage();
             if (hdr.local.fresh == 1) {
-                if (hdr.local.job & 0xff00000000 == 0x100000000) {
+                if (hdr.local.job & LOCAL_COUNT_BITS == LOCAL_COUNT_ONE) {  /* a job of one worker */
                     start_copy();
                     result_to_all();
                 } else {
@@ -180,13 +181,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             } else {
                 count_worker();
                 if (hdr.local.seen == 1) {
-                    if ((hdr.local.workers ^ hdr.local.job) & 0xff00000000 == 0) {
+                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
                         read_result();
                         result_to_sender();
                     } else {
                         drop_duplicate_pending();
                     }
-                } else if ((hdr.local.workers ^ hdr.local.job) & 0xff00000000 == 0) {
+                } else if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
                     add_contribution_to_all();
                 } else {
                     add_contribution_counted();
