@@ -19,7 +19,7 @@
 
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* chunk id ++ generation held by the copy */
-    register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* workers counted in the copy: how many [39:32], which [31:0] */
+    register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* workers counted: how many [39:32], which [31:0] */
     register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>, bit<32>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
