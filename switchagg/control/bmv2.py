@@ -83,8 +83,8 @@ def _check_config(cfg: JobConfig) -> None:
         raise ConfigError(f"job.values_per_packet = {cfg.values_per_packet}: the P4 program sums "
                           f"{P4_VALUES_PER_PACKET} values per packet, set it to that")
     if cfg.switch.port != UDP_PORT:
-        raise ConfigError(f"switch = '{cfg.switch.host}:{cfg.switch.port}': the P4 program takes switchagg "
-                          f"packets on UDP port {UDP_PORT}, write '{cfg.switch.host}:{UDP_PORT}'")
+        raise ConfigError(f"switch.address = '{cfg.switch.host}:{cfg.switch.port}': the P4 program takes "
+                          f"switchagg packets on UDP port {UDP_PORT}, write '{cfg.switch.host}:{UDP_PORT}'")
     if cfg.slot_base + cfg.slot_count > NUM_SLOTS:
         raise ConfigError(f"job slots end at {cfg.slot_base + cfg.slot_count - 1}; the P4 program has "
                           f"{NUM_SLOTS} slots")
