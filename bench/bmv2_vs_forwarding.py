@@ -37,7 +37,8 @@ from bmv2_env import netns  # noqa: E402
 from bmv2_env.testbed import TestBed, missing_prerequisites  # noqa: E402
 from switchagg.control import bmv2  # noqa: E402
 from switchagg.control.build import Pipeline, find_tool  # noqa: E402
-from switchagg.wire import PacketType, make_header  # noqa: E402
+from switchagg.control.frames import udp_headers  # noqa: E402
+from switchagg.wire import HEADER_SIZE, UDP_PORT, PacketType, make_header  # noqa: E402
 
 K, SLOTS = 64, 32
 
@@ -45,13 +46,8 @@ K, SLOTS = 64, 32
 def frames_for(bed: TestBed, cfg, generation: int):
     """An endless stream of contributions: chunk c from each worker in turn."""
     values = bytes(4 * K)
-    heads = []
-    for w in cfg.workers:
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 8 + 24 + 4 * K, 0, 0, 64, 17, 0,
-                         socket.inet_aton(w.address.host), socket.inet_aton(bed.switch_ip))
-        udp = struct.pack("!HHHH", w.address.port, 16711, 8 + 24 + 4 * K, 0)
-        heads.append(bytes.fromhex(bed.switch_mac.replace(":", "")) + bytes.fromhex(w.mac.replace(":", ""))
-                     + b"\x08\x00" + ip + udp)
+    heads = [udp_headers(bed.switch_mac, w.mac, (w.address.host, w.address.port), (bed.switch_ip, UDP_PORT),
+                         HEADER_SIZE + len(values)) for w in cfg.workers]
     chunk = 0
     while True:
         for rank in range(len(heads)):

@@ -6,25 +6,11 @@ import socket
 import struct
 from typing import NamedTuple
 
-
-def _checksum(data: bytes) -> int:
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
-def mac_bytes(mac: str) -> bytes:
-    return bytes.fromhex(mac.replace(":", ""))
+from switchagg.control.frames import ipv4_checksum, udp_headers
 
 
 def build(src_mac: str, dst_mac: str, src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:
-    udp_len = 8 + len(payload)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0, 64, 17, 0,
-                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
-    ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
-    udp = struct.pack("!HHHH", src[1], dst[1], udp_len, 0)
-    return mac_bytes(dst_mac) + mac_bytes(src_mac) + b"\x08\x00" + ip + udp + payload
+    return udp_headers(dst_mac, src_mac, src, dst, len(payload)) + payload
 
 
 class Frame(NamedTuple):
@@ -47,4 +33,4 @@ def parse(frame: bytes) -> Frame | None:
     payload = frame[42:14 + total]
     assert length == 8 + len(payload), "UDP length disagrees with IPv4 total length"
     return Frame(frame[:6], frame[6:12], (socket.inet_ntoa(ip[12:16]), sport), (socket.inet_ntoa(ip[16:20]), dport),
-                 payload, _checksum(ip) == 0, csum)
+                 payload, ipv4_checksum(ip) == 0, csum)

@@ -17,6 +17,7 @@ import pytest
 from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
+from switchagg.control.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.wire import EXP_NONE, PacketType, make_header
 
@@ -62,7 +63,7 @@ class Differential:
         bed = self.bed
         src = src or (bed.host_ip(host), 40000)
         expected = sorted(
-            (self.by_ip[e.dst[0]], frames.mac_bytes(bed.host_mac(self.by_ip[e.dst[0]])), e.dst, e.payload())
+            (self.by_ip[e.dst[0]], mac_bytes(bed.host_mac(self.by_ip[e.dst[0]])), e.dst, e.payload())
             for e in self.model.process(payload, src))
         self.socks[host].send(frames.build(bed.host_mac(host), bed.switch_mac, src, (bed.switch_ip, 16711), payload))
         got = []
@@ -73,7 +74,7 @@ class Differential:
         seen = []
         for rx, f in got:
             assert f.ip_checksum_ok and f.udp_checksum == 0
-            assert f.src == (bed.switch_ip, 16711) and f.src_mac == frames.mac_bytes(bed.switch_mac)
+            assert f.src == (bed.switch_ip, 16711) and f.src_mac == mac_bytes(bed.switch_mac)
             seen.append((rx, f.dst_mac, f.dst, f.payload))
         assert sorted(seen) == expected
         return expected
@@ -200,8 +201,8 @@ def test_other_frames_are_forwarded_unchanged_and_runts_dropped(diff):
     udp = frames.build(host_mac[0], host_mac[1], (bed.host_ip(0), 5000), (bed.host_ip(1), 5001), b"not switchagg")
     udp = udp[:24] + b"\x00\x00" + udp[26:]  # a wrong IPv4 checksum: a switch forwards it, it does not mend it
     tcp = udp[:23] + b"\x06" + udp[24:]
-    arp = frames.mac_bytes("ff:ff:ff:ff:ff:ff") + frames.mac_bytes(host_mac[0]) + b"\x08\x06" + bytes(28)
-    runt = frames.mac_bytes(host_mac[1]) + frames.mac_bytes(host_mac[0]) + b"\x88\xb5" + bytes(20)  # 34 bytes
+    arp = mac_bytes("ff:ff:ff:ff:ff:ff") + mac_bytes(host_mac[0]) + b"\x08\x06" + bytes(28)
+    runt = mac_bytes(host_mac[1]) + mac_bytes(host_mac[0]) + b"\x88\xb5" + bytes(20)  # 34 bytes
     before = diff.bmv2.read_status(diff.jobs[1], bed.grpc_addr)["counters"]
     for frame in (udp, tcp, arp, runt):
         diff.socks[0].send(frame)

@@ -10,7 +10,6 @@ worker for the switch: ``mac`` and ``switch_port``.
 from __future__ import annotations
 
 import ipaddress
-import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from ..switch.counters import GlobalDrop, JobCounter
 from ..switch.server import new_generation
 from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
 from .build import Pipeline
+from .frames import mac_bytes, udp_headers
 
 MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
 NUM_SLOTS = 1024  # SA_NUM_SLOTS
@@ -229,22 +229,14 @@ def _install_l2(sh: Any, cfg: JobConfig) -> None:
 
 def _result_head(cfg: JobConfig, w: WorkerSpec) -> int:
     """A result's Ethernet, IPv4 and UDP headers to worker ``w`` as egress writes them (``outer.head``), but
-    for the Ethernet source, which egress fills in: from the switch to the worker, K values long, with
-    a correct IPv4 checksum (no fragments, TTL 64) and no UDP checksum."""
-    udp_len = 8 + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, 0, 0x4000, 64, 17, 0,
-                     ipaddress.IPv4Address(cfg.switch.host).packed, ipaddress.IPv4Address(w.address.host).packed)
-    total = sum(struct.unpack("!10H", ip))
-    total = (total & 0xFFFF) + (total >> 16)
-    total = (total & 0xFFFF) + (total >> 16)
-    ip = ip[:10] + struct.pack("!H", ~total & 0xFFFF) + ip[12:]
-    head = (bytes.fromhex(w.mac.replace(":", "")) + bytes(6) + b"\x08\x00" + ip
-            + struct.pack("!HHHH", cfg.switch.port, w.address.port, udp_len, 0))
+    for the Ethernet source (zero here), which egress fills in with the address the sum was sent to."""
+    head = udp_headers(w.mac, "00:00:00:00:00:00", (cfg.switch.host, cfg.switch.port), (w.address.host, w.address.port),
+                       HEADER_SIZE + 4 * P4_VALUES_PER_PACKET)
     return int.from_bytes(head, "big")
 
 
 def _mac_int(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
+    return int.from_bytes(mac_bytes(mac), "big")
 
 
 def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
