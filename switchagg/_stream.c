@@ -399,43 +399,49 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
 }
 
 PyDoc_STRVAR(receive_batch_doc,
-"receive_batch(buf, lengths, stride, now) -> int\n\n"
-"Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes (a uint32 array) at\n"
-"``buf[i * stride:]``. Whatever is not a RESULT for this call is ignored; returns how many were new.");
+"receive_batch(buf, offsets, lengths, now) -> int\n\n"
+"Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``\n"
+"(uint32 arrays). Whatever is not a RESULT for this call is ignored; returns how many were new.");
 
 static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
-    PyObject *buf_obj, *len_obj;
-    Py_ssize_t stride;
+    PyObject *buf_obj, *off_obj, *len_obj;
     double now;
-    Py_buffer buf, lengths;
-    if (unready(s) || !PyArg_ParseTuple(args, "OOnd", &buf_obj, &len_obj, &stride, &now))
+    Py_buffer buf, offsets, lengths;
+    if (unready(s) || !PyArg_ParseTuple(args, "OOOd", &buf_obj, &off_obj, &len_obj, &now))
         return NULL;
     if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(len_obj, &lengths, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(off_obj, &offsets, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&buf);
         return NULL;
     }
+    if (PyObject_GetBuffer(len_obj, &lengths, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
     Py_ssize_t count = lengths.len / 4;
-    const uint32_t *lens = lengths.buf;
-    int bad = lengths.len % 4 != 0 || stride < 0;
+    const uint32_t *lens = lengths.buf, *offs = offsets.buf;
+    int bad = lengths.len % 4 != 0 || offsets.len < lengths.len;
     for (Py_ssize_t i = 0; i < count && !bad; i++)
-        bad = i * stride + (Py_ssize_t)lens[i] > buf.len;
+        bad = (size_t)offs[i] + lens[i] > (size_t)buf.len;
     if (bad) {
         PyBuffer_Release(&buf);
+        PyBuffer_Release(&offsets);
         PyBuffer_Release(&lengths);
-        return PyErr_Format(PyExc_ValueError, "receive_batch: %zd datagrams with stride %zd do not fit %zd bytes",
-                            count, stride, buf.len);
+        return PyErr_Format(PyExc_ValueError, "receive_batch: %zd datagrams do not lie within %zd bytes, or "
+                            "there are fewer offsets than lengths", count, buf.len);
     }
     Py_ssize_t fresh = 0;
     int rc = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count && rc >= 0; i++) {
-        rc = receive_one(s, (const unsigned char *)buf.buf + i * stride, lens[i], now);
+        rc = receive_one(s, (const unsigned char *)buf.buf + offs[i], lens[i], now);
         fresh += rc > 0;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
+    PyBuffer_Release(&offsets);
     PyBuffer_Release(&lengths);
     if (rc < 0)
         return PyErr_NoMemory();

@@ -185,15 +185,17 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
     return n;
 }
 
-/* A C-contiguous 2-d uint8 buffer (rows of datagrams or of names), or a 1-d uint32 one (lengths). */
-static int get_rows(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width, const char *what) {
+/* A C-contiguous buffer: bytes (width -1), a 2-d uint8 array of rows of `width` bytes (names), or a 1-d
+ * uint32 array (width 0: offsets, lengths). */
+static int get_array(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width, const char *what) {
     if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    int ok = width ? b->ndim == 2 && b->itemsize == 1 && (width < 0 || b->shape[1] == width)
+    int ok = width < 0 ? b->itemsize == 1
+           : width ? b->ndim == 2 && b->itemsize == 1 && b->shape[1] == width
                    : b->ndim == 1 && b->itemsize == 4;
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "Switch.process: %s must be %s", what,
-                     width ? "a 2-d uint8 array" : "a 1-d uint32 array");
+                     width < 0 ? "a byte buffer" : width ? "a 2-d uint8 array of 16-byte rows" : "a 1-d uint32 array");
         PyBuffer_Release(b);
         return -1;
     }
@@ -201,55 +203,65 @@ static int get_rows(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width,
 }
 
 PyDoc_STRVAR(process_doc,
-"process(in_rows, in_lengths, in_names, start, stop, out_rows, out_lengths, out_names) -> (next, made)\n\n"
-"Handle datagrams start..stop-1 (row i of in_rows, in_lengths[i] bytes, from the sockaddr_in in row i of\n"
-"in_names) and write the packets they make to the rows of out_rows, out_lengths and out_names (the\n"
-"destinations). Stops before a datagram whose packets might not fit; returns the next datagram to\n"
-"handle and how many packets were made.");
+"process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets, out_lengths, out_names)\n"
+"-> (next, made)\n\n"
+"Handle datagrams start..stop-1 (datagram i is in_lengths[i] bytes at in_buf[in_offsets[i]:], from the\n"
+"sockaddr_in in row i of in_names) and write the packets they make one after another into out_buf,\n"
+"packet j described by out_offsets[j], out_lengths[j] and its destination in row j of out_names. Stops\n"
+"before a datagram whose packets might not fit; returns the next datagram to handle and how many\n"
+"packets were made.");
 
 static PyObject *Switch_process(Switch *sw, PyObject *args) {
-    PyObject *o[6];
+    PyObject *o[8];
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "OOOnnOOO", &o[0], &o[1], &o[2], &start, &stop, &o[3], &o[4], &o[5]))
+    if (!PyArg_ParseTuple(args, "OOOOnnOOOO", &o[0], &o[1], &o[2], &o[3], &start, &stop, &o[4], &o[5], &o[6],
+                          &o[7]))
         return NULL;
-    static const char *names[] = {"in_rows", "in_lengths", "in_names", "out_rows", "out_lengths", "out_names"};
-    static const Py_ssize_t widths[] = {-1, 0, NAME, -1, 0, NAME};
-    Py_buffer b[6];
+    static const char *names[] = {"in_buf", "in_offsets", "in_lengths", "in_names",
+                                  "out_buf", "out_offsets", "out_lengths", "out_names"};
+    static const Py_ssize_t widths[] = {-1, 0, 0, NAME, -1, 0, 0, NAME};
+    Py_buffer b[8];
     int got = 0;
-    for (; got < 6; got++)
-        if (get_rows(o[got], &b[got], got >= 3, widths[got], names[got]) < 0)
+    for (; got < 8; got++)
+        if (get_array(o[got], &b[got], got >= 4, widths[got], names[got]) < 0)
             break;
     PyObject *result = NULL;
-    if (got < 6)
+    if (got < 8)
         goto done;
-    Py_ssize_t rows = b[0].shape[0], cap = b[3].shape[0];
-    if (start < 0 || stop > rows || b[1].shape[0] < rows || b[2].shape[0] < rows || b[4].shape[0] < cap
-            || b[5].shape[0] < cap) {
-        PyErr_SetString(PyExc_ValueError, "Switch.process: start..stop must lie within in_rows, and each "
-                        "lengths and names array must have a row per datagram row");
-        goto done;
-    }
-    if (start < stop && (cap < sw->fanout || b[3].shape[1] < b[0].shape[1])) {
-        PyErr_Format(PyExc_ValueError, "Switch.process: out_rows must have %d rows (a multicast) at least as "
-                     "long as in_rows' (a result is as long as the contribution that completes it)", sw->fanout);
+    Py_ssize_t rows = b[1].shape[0], cap = b[5].shape[0];
+    if (start < 0 || stop > rows || b[2].shape[0] < rows || b[3].shape[0] < rows || b[6].shape[0] < cap
+            || b[7].shape[0] < cap) {
+        PyErr_SetString(PyExc_ValueError, "Switch.process: start..stop must lie within in_offsets, and each "
+                        "lengths and names array must have a row per offset");
         goto done;
     }
-    const unsigned char *in = b[0].buf, *in_names = b[2].buf;
-    const uint32_t *in_len = b[1].buf;
-    unsigned char *out = b[3].buf, *out_names = b[5].buf;
-    uint32_t *out_len = b[4].buf;
-    Py_ssize_t in_stride = b[0].shape[1], out_stride = b[3].shape[1], i = start, made = 0;
-    for (; i < stop && made + sw->fanout <= cap; i++) {
-        Py_ssize_t len = in_len[i];
-        if (len > in_stride) {
-            PyErr_SetString(PyExc_ValueError, "Switch.process: a datagram's length exceeds its row");
+    const unsigned char *in = b[0].buf, *in_names = b[3].buf;
+    const uint32_t *in_off = b[1].buf, *in_len = b[2].buf;
+    unsigned char *out = b[4].buf, *out_names = b[7].buf;
+    uint32_t *out_off = b[5].buf, *out_len = b[6].buf;
+    Py_ssize_t i = start, made = 0, at = 0;
+    for (; i < stop; i++) {
+        Py_ssize_t len = in_len[i], size = len > HEADER_SIZE ? len : HEADER_SIZE;  /* what each packet out takes */
+        if ((size_t)in_off[i] + (size_t)len > (size_t)b[0].len) {
+            PyErr_Format(PyExc_ValueError, "Switch.process: datagram %zd lies outside in_buf", i);
             goto done;
         }
-        int n = process_one(sw, in + i * in_stride, len, in_names + i * NAME, out + made * out_stride,
-                            out_stride, out_len + made, out_names + made * NAME);
+        if (made + sw->fanout > cap || at + sw->fanout * size > b[4].len) {
+            if (made == 0) {
+                PyErr_Format(PyExc_ValueError, "Switch.process: out_buf and out_offsets must hold a multicast of "
+                             "%d packets of %zd bytes", sw->fanout, size);
+                goto done;
+            }
+            break;
+        }
+        int n = process_one(sw, in + in_off[i], len, in_names + i * NAME, out + at, size, out_len + made,
+                            out_names + made * NAME);
         if (n < 0)
             goto done;
+        for (int r = 0; r < n; r++)
+            out_off[made + r] = (uint32_t)(at + r * size);
         made += n;
+        at += n * size;
     }
     result = Py_BuildValue("nn", i, made);
 done:

@@ -5,11 +5,16 @@ The switch runs as its own process (``switchagg switch``), the workers as
 number of processes. Each side gets a warm-up and ``reps`` timed calls; a
 call's time is the slowest worker's, and the median call is reported. The two
 run back to back for several rounds, and the ratios are the median of the rounds'.
+Each round measures switchagg at every packet size asked for: K = 64 (the P4
+switch's packet) and K = 16000 (64 KB datagrams, loopback only) by default.
 
 On one machine the switch process competes with the workers for the CPUs, so
-two figures are printed: ``host_cpu_ratio_vs_gloo`` (worker CPU seconds per GiB
+two figures are printed per K: ``host_cpu_ratio_vs_gloo`` (worker CPU seconds per GiB
 reduced, ours over gloo's; the switch is not counted, on a real deployment it is
-hardware) and, last, ``ratio_vs_gloo`` (our throughput over gloo's).
+hardware) and ``ratio_vs_gloo`` (our throughput over gloo's), the first K's last.
+``pps_vs_gso_ceiling`` puts the packets the switch took per second over what one
+tight sender and one receiver move on the same loopback at the same size
+(:func:`udp_ceiling`), measured in the same run.
 """
 
 from __future__ import annotations
@@ -22,16 +27,20 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .config import JobConfig
+from .errors import SwitchAggError
 from .local import free_ports, loopback_job, run_processes
+from .wire import datagram_size, default_slot_count
 
 
-def _timed_calls(call, reps: int) -> dict[str, list[float]]:
-    call()  # warm-up
+def _timed_calls(call, reps: int, warm_up: bool = True) -> dict[str, list[float]]:
+    if warm_up:
+        call()
     walls, cpus, systems = [], [], []
     for _ in range(reps):
         t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
@@ -53,7 +62,11 @@ def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int)
         x = np.random.default_rng(rank).standard_normal(numel).astype(np.float32)
         with Client(cfg, rank) as client:
             out = np.empty_like(x)
-            stats = _timed_calls(lambda: client.allreduce(x, out=out), reps)
+            client.allreduce(x, out=out)  # the warm-up, outside the packet counts
+            sent, received = client.transport_stats.sent, client.transport_stats.received
+            stats = _timed_calls(lambda: client.allreduce(x, out=out), reps, warm_up=False)
+            stats["sent"] = client.transport_stats.sent - sent
+            stats["received"] = client.transport_stats.received - received
             stats["backend"] = client.backend
             stats["retransmissions"] = client.retransmissions
         queue.put((rank, "result", stats))
@@ -111,63 +124,79 @@ def _process_cpu(pid: int) -> tuple[float, float] | None:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def codec_speed(numel: int = 1 << 24, k: int = 16000, n: int = 4) -> tuple[float, float]:
-    """GB/s of float32 for quantize+pack and for unpack+dequantize, one core.
+def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
+    """GB/s of float32 through the worker's C stream, one core: quantize+pack, unpack+dequantize.
 
-    Each packet is encoded into one reused buffer and decoded from it, as a client encodes into
-    the row a packet is sent from.
+    The stream writes whole windows of packets per call (header and quantized values straight
+    into the rows a socket sends from) and takes whole batches of results back; here each
+    packet comes straight back as its own result, as from a switch of one worker.
     """
     from .payloads import FloatPayloads
-    from .wire import VALUE_DTYPE
+    from .protocol import NativeReduction, StreamParams, Window
+    from .wire import PacketType, datagram_size
 
     x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
     out = np.empty_like(x)
-    wire = np.empty(k, VALUE_DTYPE)
+    slots = 1024
+    size = datagram_size(k)
+    rows = np.empty((slots, size), np.uint8)
+    offsets = (size * np.arange(slots)).astype(np.uint32)
+    lengths = np.full(slots, size, np.uint32)
     t = time.perf_counter()
-    p = FloatPayloads(x, out, k, n)
-    enc = time.perf_counter() - t
-    dec = 0.0
-    for d, e in enumerate(p.proposals()):
+    payloads = FloatPayloads(x, out, k, n)
+    red = NativeReduction(StreamParams(1, 0, 0, 1, n, slots, k), Window(slots, initial=slots), payloads,
+                          n_chunks=-(-numel // k), first_id=0, copies=np.zeros(slots, np.int64), now=0.0,
+                          progress_timeout=1e9)
+    enc, dec = time.perf_counter() - t, 0.0
+    while not red.done:
         t0 = time.perf_counter()
-        p.encode(d, int(e), wire)
+        m = red.emit(rows)
         t1 = time.perf_counter()
-        p.decode(d, int(e), wire)
-        dec += time.perf_counter() - t1
+        rows[:m, 1] = PacketType.RESULT
+        t2 = time.perf_counter()
+        red.receive_batch(rows, offsets[:m], lengths[:m], 0.0)
+        dec += time.perf_counter() - t2
         enc += t1 - t0
     return x.nbytes / enc / 1e9, x.nbytes / dec / 1e9
 
 
-def transport_speed(packets: int = 200_000, k: int = 64) -> dict[str, float]:
-    """Datagrams per second sent on loopback: batched sendmmsg against one sendto a datagram."""
-    import socket
+def udp_ceiling(size: int, *, segmentation: bool | None = None, seconds: float = 1.0) -> float:
+    """Datagrams of ``size`` bytes per second that one tight sender moves to one receiver on loopback.
+
+    Both are the C batch calls of :mod:`switchagg._udp` in a loop that does nothing else, on two
+    threads (they release the GIL): the most a worker and a switch could hope for at this size.
+    """
+    import threading
 
     from .transport import UdpSocket
-    from .wire import datagram_size
 
-    payload = bytes(datagram_size(k))
-    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sink.bind(("127.0.0.1", 0))
-    rates = {}
-    for batched in (True, False):
-        with UdpSocket(("127.0.0.1", 0), peer=sink.getsockname(), batched=batched) as s:
-            msgs = [((payload,), None)] * s.batch
-            t = time.perf_counter()
-            for _ in range(packets // s.batch):
-                s.send(msgs)
-            rates[s.backend] = packets // s.batch * s.batch / (time.perf_counter() - t)
-    plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    addr = sink.getsockname()
-    t = time.perf_counter()
-    for _ in range(packets):
-        plain.sendto(payload, addr)
-    rates["sendto"] = packets / (time.perf_counter() - t)
-    plain.close()
-    sink.close()
-    return rates
+    with UdpSocket(("127.0.0.1", 0), batch=1024, segmentation=segmentation) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=1024, max_datagram=size,
+                      segmentation=segmentation) as tx:
+        stop = threading.Event()
+
+        def send() -> None:
+            while not stop.is_set():
+                tx.send_rows(len(tx.out_rows), size)
+
+        sender = threading.Thread(target=send, daemon=True)
+        received, first, last = 0, 0.0, 0.0
+        sender.start()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            got = rx.recv_packets(0.05)
+            if got and not first:
+                first = time.perf_counter()
+            elif got:
+                received += got
+                last = time.perf_counter()
+        stop.set()
+        sender.join()
+    return received / (last - first) if last > first else 0.0
 
 
 def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) -> dict:
-    """One run through a fresh embedded switch process: per-call figures, and the switch's CPU per call."""
+    """One run through a fresh embedded switch process: per-call figures, packet rates, the switch's CPU per call."""
     cfg = loopback_job(workers, values_per_packet=k, slot_count=slots)
     with tempfile.TemporaryDirectory() as tmp:
         switch = _start_switch(cfg, Path(tmp))
@@ -181,8 +210,11 @@ def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) 
     wall, cpu, system = _summary(ours, numel * 4)
     switch_cpu = None if not (before and after) else \
         tuple((b - a) / (reps + 1) for a, b in zip(before, after, strict=True))
+    busy = [sum(w["wall"]) for w in ours]  # each worker's time in its timed calls
     return {"wall": wall, "cpu": cpu, "system": system, "switch": switch_cpu, "backend": ours[0]["backend"],
-            "resent": sum(w["retransmissions"] for w in ours)}
+            "resent": sum(w["retransmissions"] for w in ours),
+            "pps_out": statistics.mean(w["sent"] / b for w, b in zip(ours, busy, strict=True)),
+            "pps_in": statistics.mean(w["received"] / b for w, b in zip(ours, busy, strict=True))}
 
 
 def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
@@ -191,9 +223,18 @@ def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
     return {"wall": wall, "cpu": cpu, "system": system}
 
 
-def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 16000, slots: int = 16,
-              rounds: int = 3, gloo: bool = True) -> int:
-    """Measure switchagg and gloo back to back, ``rounds`` times; print the median of the rounds' ratios.
+def _progress(total: int):
+    """A progress bar on stderr for a terminal (tqdm, from the ``bench`` extra), else nothing."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="bench", unit="run", disable=None, leave=False)
+
+
+def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[int] = (64, 16000),
+              slots: int | None = None, rounds: int = 3, gloo: bool = True, plot: str | None = None) -> int:
+    """Measure gloo and switchagg at each K back to back, ``rounds`` times; print the medians of the rounds' ratios.
 
     Back to back, because the speed of a shared machine drifts over a minute by more
     than the difference being measured; the ratio of two neighbouring runs drifts less.
@@ -201,41 +242,99 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, k: int = 1600
     numel = int(mib * 2**20 / 4)
     nbytes = numel * 4
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
-    print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), {rounds} rounds of switchagg "
-          f"and gloo back to back, each a warm-up + {reps} calls (median); cores here: {os.cpu_count()}")
+    print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), {rounds} rounds of gloo and "
+          f"switchagg at K={', '.join(map(str, ks))} back to back, each a warm-up + {reps} calls (median); "
+          f"cores here: {os.cpu_count()}")
     if gloo:
         try:
             import torch  # noqa: F401
         except ImportError:
             print("gloo baseline skipped: torch is not installed (install the 'torch' extra)")
             gloo = False
-    speed, cpu_ratio = [], []
+    slot_counts = {k: slots or default_slot_count(k) for k in ks}
+    runs: dict[int, list[dict]] = {k: [] for k in ks}
+    bases: list[dict] = []
+    bar = _progress(rounds * (len(ks) + gloo))
     for r in range(1, rounds + 1):
         # Alternate which side goes first, so that neither always inherits the other's leftovers.
-        base = _measure_gloo(workers, numel, reps) if gloo and r % 2 == 0 else None
-        ours = _measure_switchagg(workers, numel, reps, k, slots)
-        if gloo and base is None:
-            base = _measure_gloo(workers, numel, reps)
-        line = (f"round {r}: switchagg {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} GiB/s), "
-                f"worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), "
-                f"resent {ours['resent']}")
-        if ours["switch"]:
-            line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
-        print(line)
-        if base is not None:
+        order = [*ks, "gloo"] if r % 2 else ["gloo", *ks]
+        for side in order:
+            if side == "gloo":
+                if gloo:
+                    bases.append(_measure_gloo(workers, numel, reps))
+            else:
+                runs[side].append(_measure_switchagg(workers, numel, reps, side, slot_counts[side]))
+            if bar is not None and (side != "gloo" or gloo):
+                bar.update()
+        if bar is not None:
+            bar.clear()
+        for k in ks:
+            ours = runs[k][-1]
+            line = (f"round {r}: switchagg K={k} {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} "
+                    f"GiB/s), worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), packets/s per "
+                    f"worker {ours['pps_out'] / 1e3:.0f}k out {ours['pps_in'] / 1e3:.0f}k in, resent {ours['resent']}")
+            if ours["switch"]:
+                line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
+            print(line)
+        if gloo:
+            base = bases[-1]
             print(f"round {r}: gloo {base['wall'] * 1e3:.1f} ms ({nbytes / base['wall'] / 2**30:.3f} GiB/s), "
                   f"worker CPU {base['cpu']:.2f} s/GiB ({base['system']:.2f} in the kernel)")
-            speed.append(base["wall"] / ours["wall"])
-            cpu_ratio.append(ours["cpu"] / base["cpu"])
-    print(f"switchagg: K={k}, {slots} slots, transport {ours['backend']}; the switch process shares the cores")
-    enc, dec = codec_speed(k=k, n=workers)
-    print(f"codec (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s")
-    rates = transport_speed()
-    print("transport, 280-byte datagrams sent per second: "
-          + ", ".join(f"{name} {rate / 1e3:.0f}k" for name, rate in rates.items()))
-    if gloo:
-        print(f"per round: ratio_vs_gloo {' '.join(f'{x:.3f}' for x in speed)}; "
-              f"host_cpu_ratio_vs_gloo {' '.join(f'{x:.3f}' for x in cpu_ratio)}")
-        print(f"host_cpu_ratio_vs_gloo={statistics.median(cpu_ratio):.3f}")
-        print(f"ratio_vs_gloo={statistics.median(speed):.3f}")
+    if bar is not None:
+        bar.close()
+    ceilings = {}
+    for k in ks:
+        size = datagram_size(k)
+        gso, plain = udp_ceiling(size), udp_ceiling(size, segmentation=False)
+        ceilings[k] = gso
+        enc, dec = codec_speed(k, workers)
+        print(f"K={k}: {slot_counts[k]} slots, transport {runs[k][-1]['backend']}; codec through the worker's "
+              f"stream (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s; one sender to "
+              f"one receiver, {size}-byte datagrams: {gso / 1e3:.0f}k/s with GSO/GRO, {plain / 1e3:.0f}k/s with "
+              f"sendmmsg/recvmmsg")
+    for k in ks[::-1]:  # the first K's figures last
+        pps = [workers * run["pps_out"] / ceilings[k] for run in runs[k]] if ceilings[k] else []
+        print(f"K={k}: packets/s per worker {statistics.median(x['pps_out'] for x in runs[k]) / 1e3:.0f}k out, "
+              f"{statistics.median(x['pps_in'] for x in runs[k]) / 1e3:.0f}k in; pps_vs_gso_ceiling="
+              f"{statistics.median(pps) if pps else float('nan'):.3f} (the switch's packets in over the ceiling)")
+        if gloo:
+            speed = [b["wall"] / x["wall"] for b, x in zip(bases, runs[k], strict=True)]
+            cpu_ratio = [x["cpu"] / b["cpu"] for b, x in zip(bases, runs[k], strict=True)]
+            suffix = "" if k == ks[0] else f"_k{k}"
+            print(f"K={k} per round: ratio_vs_gloo {' '.join(f'{x:.3f}' for x in speed)}; "
+                  f"host_cpu_ratio_vs_gloo {' '.join(f'{x:.3f}' for x in cpu_ratio)}")
+            print(f"host_cpu_ratio_vs_gloo{suffix}={statistics.median(cpu_ratio):.3f}")
+            print(f"ratio_vs_gloo{suffix}={statistics.median(speed):.3f}")
+    if plot:
+        _plot(plot, runs, bases, workers)
+        print(f"plot: {plot}", file=sys.stderr)
     return 0
+
+
+def _plot(path: str, runs: dict[int, list[dict]], bases: list[dict], workers: int) -> None:
+    """Each round's ratio to gloo and packet rate per worker, per K, as a PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SwitchAggError("--plot needs matplotlib: pip install 'switchagg[bench]'") from None
+    fig, (speed, rate) = plt.subplots(1, 2, figsize=(10, 4))
+    for k, per_round in runs.items():
+        rounds = range(1, len(per_round) + 1)
+        if bases:
+            speed.plot(rounds, [b["wall"] / x["wall"] for b, x in zip(bases, per_round, strict=True)], "o-",
+                       label=f"K={k}")
+        rate.plot(rounds, [x["pps_out"] / 1e3 for x in per_round], "o-", label=f"K={k} out")
+        rate.plot(rounds, [x["pps_in"] / 1e3 for x in per_round], "x--", label=f"K={k} in")
+    speed.set(title="throughput over gloo's", xlabel="round", ylabel="ratio_vs_gloo")
+    rate.set(title=f"packets/s per worker ({workers} workers)", xlabel="round", ylabel="thousand packets/s",
+             yscale="log")
+    for ax in (speed, rate):
+        ax.set_xticks(range(1, len(next(iter(runs.values()))) + 1))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -14,14 +14,14 @@ from .errors import SwitchAggError
 
 
 def _cmd_switch(args: argparse.Namespace) -> int:
-    from .switch.server import SoftSwitch
+    from .switch.server import NUM_SLOTS, SoftSwitch
 
     configs = [JobConfig.from_file(p) for p in args.config]
     address = Endpoint.parse(args.address, "--address") if args.address else configs[0].switch
     control = Endpoint.parse(args.control, "--control") if args.control else configs[0].control
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with SoftSwitch(address, control=control, num_slots=args.slots) as sw:
+    with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS) as sw:
         for cfg in configs:
             gen = sw.add_job(cfg)
             print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
@@ -134,8 +134,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return run_ddp_bench(workers=args.workers)
     from .bench import run_bench
 
-    return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, k=args.values_per_packet,
-                     slots=args.slots, rounds=args.rounds, gloo=not args.no_gloo)
+    return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, ks=args.values_per_packet,
+                     slots=args.slots, rounds=args.rounds, gloo=not args.no_gloo, plot=args.plot)
 
 
 def _target_args(p: argparse.ArgumentParser, default: str = "soft") -> None:
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", action="append", required=True, help="a job's TOML file (repeatable)")
     p.add_argument("--address", help="UDP address to listen on (default: the first config's switch.address)")
     p.add_argument("--control", help="control port (default: the first config's switch.control)")
-    p.add_argument("--slots", type=int, default=1024, help="aggregation slots of this switch")
+    p.add_argument("--slots", type=int, help="aggregation slots of this switch (default 4096)")
     p.set_defaults(fn=_cmd_switch)
 
     p = sub.add_parser("status", help="show a job's counters: what was aggregated, what was dropped and why")
@@ -199,11 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--mib", type=float, default=64, help="tensor size in MiB of float32")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions after a warm-up (median reported)")
-    p.add_argument("--values-per-packet", type=int, default=16000, help="K (64 KB datagrams on loopback)")
-    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--values-per-packet", type=int, nargs="+", default=[64, 16000],
+                   help="K, one or more: 64 is the P4 switch's packet, 16000 a 64 KB datagram (loopback only)")
+    p.add_argument("--slots", type=int, help="the job's slots (default: 1024 for K = 64, 16 for 64 KB datagrams)")
     p.add_argument("--rounds", type=int, default=3,
                    help="switchagg then gloo, this many times; the ratios are the median of the rounds'")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw each round's ratios and packet rates (matplotlib)")
     p.add_argument("--ddp", action="store_true",
                    help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
     p.set_defaults(fn=_cmd_bench)

@@ -22,7 +22,7 @@ from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchA
 from .payloads import FloatPayloads, Int32Payloads
 from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .switch import control
-from .transport import UdpSocket
+from .transport import TransportStats, UdpSocket
 from .wire import (
     HEADER_SIZE,
     IP_UDP_OVERHEAD,
@@ -35,6 +35,7 @@ from .wire import (
 
 _U32 = 0xFFFFFFFF
 _FLOATS = {"float32", "float16", "float64", "bfloat16"}
+_SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
 
 
 class Client:
@@ -46,15 +47,18 @@ class Client:
     """
 
     def __init__(self, config: JobConfig, rank: int, *, start_timeout: float = 60.0,
-                 stall_timeout: float = 5.0, batched: bool | None = None) -> None:
+                 stall_timeout: float = 5.0, batched: bool | None = None,
+                 segmentation: bool | None = None) -> None:
         if not 0 <= rank < config.n_workers:
             raise ConfigError(f"rank {rank} is not a worker of job {config.job_id} "
                               f"(it has ranks 0..{config.n_workers - 1})")
         self.config, self.rank = config, rank
         self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
         k = config.values_per_packet
+        size = datagram_size(k)
         self._sock = UdpSocket(config.workers[rank].address.tuple, peer=config.switch.tuple,
-                               max_datagram=datagram_size(k), batched=batched)
+                               batch=min(1024, max(64, _SEND_BYTES // size)), max_datagram=size, batched=batched,
+                               segmentation=segmentation)
         mtu = self._sock.path_mtu()
         if datagram_size(k) + IP_UDP_OVERHEAD > min(mtu, 65535):
             self._sock.close()
@@ -76,7 +80,13 @@ class Client:
 
     @property
     def backend(self) -> str:
+        """How the client's datagrams move (see :attr:`switchagg.transport.UdpSocket.backend`)."""
         return self._sock.backend
+
+    @property
+    def transport_stats(self) -> TransportStats:
+        """The socket's counts: datagrams sent and received, system calls, refusals."""
+        return self._sock.stats
 
     # ---- public API ------------------------------------------------------------------------------
 
@@ -232,10 +242,10 @@ class Client:
                 if self._closing:
                     raise ClosedError("the client was closed during an allreduce")
                 wait = red.next_deadline() - time.monotonic()
-                got = sock.recv_rows(wait) if wait > 0 else sock.recv_rows()
+                got = sock.recv_packets(wait) if wait > 0 else sock.recv_packets()
                 now = time.monotonic()
                 if got:
-                    red.receive_batch(sock.in_rows, sock.in_lengths[:got], sock.max_datagram, now)
+                    red.receive_batch(sock.in_buf, sock.in_offsets[:got], sock.in_lengths[:got], now)
                 red.tick(now)
         except (StallError, JobNotStarted) as exc:
             raise type(exc)(str(exc) + self._diagnose(red)) from None

@@ -10,7 +10,7 @@ Example (``docs/protocol.md`` explains the fields)::
     id = 1
     key = 0x5eed5eed              # a 32-bit shared secret checked by admission
     slot_base = 0                 # this job's slots on the switch: [base, base + count)
-    slot_count = 32
+    slot_count = 1024             # optional: wire.default_slot_count(K), 1024 for K = 64
     values_per_packet = 64        # K; 64 is what the P4 program sums
     # generation = 7              # omit to learn it from the switch at start
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .wire import MAX_WORKERS
+from .wire import MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class JobConfig:
         _check_range("job.key", self.key, 0, 0xFFFFFFFF)
         _check_range("job.slot_base", self.slot_base, 0, 0xFFFF)
         _check_range("job.slot_count", self.slot_count, 1, 0xFFFF)
-        _check_range("job.values_per_packet", self.values_per_packet, 1, 16383)
+        _check_range("job.values_per_packet", self.values_per_packet, 1, MAX_VALUES_PER_PACKET)
         if self.generation is not None:
             _check_range("job.generation", self.generation, 1, 0xFFFFFFFF)
         if not 1 <= len(self.workers) <= MAX_WORKERS:
@@ -132,6 +132,9 @@ class JobConfig:
         if not isinstance(workers, list) or not workers:
             raise ConfigError("list the workers as [[workers]] tables with an 'address' each")
         control = switch.get("control")
+        k = job.get("values_per_packet", P4_VALUES_PER_PACKET)
+        if not isinstance(k, int):
+            raise ConfigError(f"job.values_per_packet = {k!r}: it must be an integer")
         extra = {k: v for k, v in data.items() if k not in ("switch", "job", "workers")}
         return cls(
             switch=Endpoint.parse(_get(switch, "address", "switch"), "switch.address"),
@@ -139,8 +142,8 @@ class JobConfig:
             job_id=_get(job, "id", "job"),
             key=_get(job, "key", "job"),
             slot_base=job.get("slot_base", 0),
-            slot_count=_get(job, "slot_count", "job"),
-            values_per_packet=job.get("values_per_packet", 64),
+            slot_count=job.get("slot_count", default_slot_count(k)),
+            values_per_packet=k,
             generation=job.get("generation"),
             workers=tuple(
                 WorkerSpec(

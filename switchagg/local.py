@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import Endpoint, JobConfig, WorkerSpec
+from .wire import default_slot_count
 
 
 def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -> list[int]:
@@ -29,14 +30,15 @@ def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -
             s.close()
 
 
-def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: int = 32,
+def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: int | None = None,
                  job_id: int = 1, key: int = 0x5EED5EED) -> JobConfig:
-    """A job whose switch and workers all live on 127.0.0.1."""
+    """A job whose switch and workers all live on 127.0.0.1 (slots: :func:`~switchagg.wire.default_slot_count`)."""
     switch, *workers = free_ports(n_workers + 1)
     (control,) = free_ports(1, socket.SOCK_STREAM)
     return JobConfig(
         switch=Endpoint("127.0.0.1", switch), control=Endpoint("127.0.0.1", control), job_id=job_id,
-        key=key, slot_base=0, slot_count=slot_count, values_per_packet=values_per_packet,
+        key=key, slot_base=0, slot_count=slot_count or default_slot_count(values_per_packet),
+        values_per_packet=values_per_packet,
         workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
 
 

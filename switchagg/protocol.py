@@ -266,15 +266,15 @@ class Reduction:
     def done(self) -> bool:
         return self.n_done == self.total
 
-    def receive_batch(self, buf: Buffer, lengths: np.ndarray, stride: int, now: float) -> int:
-        """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[i * stride:]``.
+    def receive_batch(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, now: float) -> int:
+        """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``.
 
         Whatever is not a RESULT for this call is ignored; returns how many were new.
         """
         view = memoryview(buf).cast("B")
         fresh = 0
-        for i, length in enumerate(lengths.tolist()):
-            data = view[i * stride:i * stride + length]
+        for at, length in zip(offsets.tolist(), lengths.tolist(), strict=False):
+            data = view[at:at + length]
             if length < HEADER_SIZE:
                 continue
             h = unpack_header(data)

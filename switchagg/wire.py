@@ -23,6 +23,7 @@ MAX_WORKERS = 32  # the width of the worker bitmap
 EXP_NONE = -128  # "no exponent": an all-zero block, or no next chunk on the slot
 IP_UDP_OVERHEAD = 20 + 8
 P4_VALUES_PER_PACKET = 64  # what one pass of the P4 program sums
+MAX_VALUES_PER_PACKET = (65535 - IP_UDP_OVERHEAD - 24) // 4  # 16370: the largest K an IPv4 datagram holds
 
 FLAG_COPY = 0x01  # which of the slot's two shadow copies the packet addresses
 
@@ -125,6 +126,20 @@ def values_of(data: bytes | memoryview, count: int) -> np.ndarray:
 def datagram_size(values_per_packet: int) -> int:
     """UDP payload bytes of a packet with that many values."""
     return HEADER_SIZE + 4 * values_per_packet
+
+
+IN_FLIGHT_BYTES = 256 << 10  # what a job's slots hold in flight by default: a fast loopback's round trip
+MAX_DEFAULT_SLOTS = 1024  # ... at most the P4 program's whole pool (SA_NUM_SLOTS)
+
+
+def default_slot_count(values_per_packet: int) -> int:
+    """Slots of a job that names none: enough for :data:`IN_FLIGHT_BYTES` of chunks in flight, 16..1024.
+
+    A slot holds one packet in flight, so the window's bytes are slots x 4K: 16 slots carry 1 MB of
+    64 KB datagrams but only 4 KB of the P4 switch's 256-byte chunks, too little to keep a link busy.
+    K = 64 gets 1024 slots, K = 256 gets 256, K >= 4096 gets 16.
+    """
+    return min(MAX_DEFAULT_SLOTS, max(16, IN_FLIGHT_BYTES // (4 * values_per_packet)))
 
 
 def max_values_for_mtu(mtu: int) -> int:

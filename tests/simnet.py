@@ -144,7 +144,7 @@ class SimNet:
                     if w is None or w.red is None or self._dead(w) or w.error is not None:
                         continue
                     w.received += 1
-                    w.red.receive_batch(data, np.array([len(data)], np.uint32), 0, self.now)
+                    w.red.receive_batch(data, np.zeros(1, np.uint32), np.array([len(data)], np.uint32), self.now)
                     w.started = w.started or w.red.started
                     self._flush(w, dst)
             else:

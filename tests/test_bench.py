@@ -1,4 +1,4 @@
-"""`switchagg bench` runs end to end on a small tensor and prints its figures, the ratios last."""
+"""`switchagg bench` runs end to end on a small tensor and prints its figures, the first K's ratios last."""
 
 from __future__ import annotations
 
@@ -6,16 +6,33 @@ import re
 
 import pytest
 
-from switchagg.bench import run_bench
+from switchagg.bench import codec_speed, run_bench, udp_ceiling
+from switchagg.transport import BATCHED_AVAILABLE
 
 pytest.importorskip("torch")  # the gloo baseline
 
 
-def test_bench_prints_both_ratios_with_the_speed_ratio_last(capsys):
-    assert run_bench(workers=2, mib=0.25, reps=2, k=1024, slots=4, rounds=2) == 0
+def test_bench_prints_both_ratios_per_k_with_the_first_ks_speed_ratio_last(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "bench.png"
+    assert run_bench(workers=2, mib=0.25, reps=2, ks=(64, 1024), rounds=2, plot=str(plot)) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert sum(line.startswith("round ") for line in lines) == 4  # switchagg and gloo, each round
-    assert re.fullmatch(r"per round: ratio_vs_gloo [\d.]+ [\d.]+; host_cpu_ratio_vs_gloo [\d.]+ [\d.]+", lines[-3])
+    assert sum(line.startswith("round ") for line in lines) == 6  # gloo and switchagg at two K, each round
+    assert re.fullmatch(r"K=1024 per round: ratio_vs_gloo [\d.]+ [\d.]+; host_cpu_ratio_vs_gloo [\d.]+ [\d.]+",
+                        lines[-7])
+    assert re.fullmatch(r"ratio_vs_gloo_k1024=\d+\.\d{3}", lines[-5])
+    assert re.fullmatch(r"K=64: packets/s per worker \d+k out, \d+k in; pps_vs_gso_ceiling=\d+\.\d{3} .*", lines[-4])
     assert re.fullmatch(r"host_cpu_ratio_vs_gloo=\d+\.\d{3}", lines[-2])
     ratio = float(re.fullmatch(r"ratio_vs_gloo=(\d+\.\d{3})", lines[-1]).group(1))
     assert ratio > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_codec_speed_runs_every_packet_through_the_stream():
+    enc, dec = codec_speed(64, 4, numel=1 << 16)
+    assert enc > 0 and dec > 0
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="the ceiling uses the Linux batch calls")
+def test_udp_ceiling_moves_datagrams():
+    assert udp_ceiling(280, seconds=0.2) > 0

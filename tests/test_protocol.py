@@ -231,8 +231,10 @@ def test_native_reduction_refuses_what_does_not_fit():
                           first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
     with pytest.raises(ValueError, match="rows"):
         red.emit(np.empty((4, 24 + 4 * 7), np.uint8))  # rows too short for K = 8
-    with pytest.raises(ValueError, match="do not fit"):
-        red.receive_batch(bytes(10), np.array([8, 8], np.uint32), 8, 0.0)
+    with pytest.raises(ValueError, match="do not lie within"):
+        red.receive_batch(bytes(10), np.array([0, 8], np.uint32), np.array([8, 8], np.uint32), 0.0)
+    with pytest.raises(ValueError, match="fewer offsets"):
+        red.receive_batch(bytes(10), np.array([0], np.uint32), np.array([4, 4], np.uint32), 0.0)
     with pytest.raises(ValueError, match="n_chunks"):
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=2,
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)

@@ -9,7 +9,7 @@ import pytest
 
 from switchagg.errors import ConfigError
 from switchagg.switch.model import RESULTS_KEPT, STAGES, JobEntry, NativeSwitch, SwitchModel, chunk_is_newer
-from switchagg.transport import NAME_SIZE, sockaddr_in
+from switchagg.transport import sockaddr_in
 from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 K = 4
@@ -312,25 +312,30 @@ def test_native_switch_matches_the_model_on_random_traffic():
     assert all(jobs[1][c] or jobs[7][c] for c in jobs[1])
 
 
-def test_process_rows_stops_where_a_multicast_might_not_fit_and_resumes():
-    """The server's batch path: packets out in the model's order, however the out rows split them."""
+def test_process_batch_stops_where_a_multicast_might_not_fit_and_resumes():
+    """The server's batch path: packets out in the model's order, however the out arrays split them."""
     ref, native = SwitchModel(16), NativeSwitch(16)
     for m in (ref, native):
         m.add_job(job(n=3))
     traffic = [(pkt(w, c), src(w)) for c in range(1, 5) for w in range(3)] + [(pkt(1, 4), src(1))]
     width = len(traffic[0][0])
-    rows = np.zeros((len(traffic), width), np.uint8)
-    names = np.zeros((len(traffic), NAME_SIZE), np.uint8)
-    for i, (data, source) in enumerate(traffic):
-        rows[i], names[i] = np.frombuffer(data, np.uint8), np.frombuffer(sockaddr_in(source), np.uint8)
+    buf = np.frombuffer(b"".join(data for data, _ in traffic), np.uint8)
+    names = np.array([np.frombuffer(sockaddr_in(source), np.uint8) for _, source in traffic])
+    offsets = (width * np.arange(len(traffic))).astype(np.uint32)
     lengths = np.full(len(traffic), width, np.uint32)
-    out, out_lengths, out_names = np.zeros((4, width), np.uint8), np.zeros(4, np.uint32), np.zeros((4, 16), np.uint8)
+    out, out_names = np.zeros(4 * width, np.uint8), np.zeros((4, 16), np.uint8)
+    out_offsets, out_lengths = np.zeros(4, np.uint32), np.zeros(4, np.uint32)
     got, start, calls = [], 0, 0
     while start < len(traffic):
-        start, made = native.process_rows(rows, lengths, names, start, len(traffic), out, out_lengths, out_names)
-        got += [(bytes(out_names[i]), out[i, :out_lengths[i]].tobytes()) for i in range(made)]
+        start, made = native.process_batch(buf, offsets, lengths, names, start, len(traffic), out, out_offsets,
+                                           out_lengths, out_names)
+        got += [(bytes(out_names[i]), out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes())
+                for i in range(made)]
         calls += 1
     want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
     assert got == want and len(want) == 13 and calls > 1
-    with pytest.raises(ValueError, match="multicast"):
-        native.process_rows(rows, lengths, names, 0, 1, out[:2], out_lengths, out_names)
+    for small in ({"out_buf": out[:2 * width]}, {"out_offsets": out_offsets[:2]}):
+        args = {"out_buf": out, "out_offsets": out_offsets} | small
+        with pytest.raises(ValueError, match="multicast"):
+            native.process_batch(buf, offsets, lengths, names, 0, 1, args["out_buf"], args["out_offsets"],
+                                 out_lengths, out_names)

@@ -115,7 +115,7 @@ def test_rows_written_in_place_go_out_as_written_between_ordinary_sends(batched)
 
 
 @pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
-def test_recv_rows_puts_each_datagram_in_its_row_with_its_length(batched):
+def test_recv_packets_describes_each_datagram_by_offset_and_length(batched):
     with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as rx, \
             UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched) as tx:
         sent = [bytes([i]) * (1 + 3 * i) for i in range(20)]
@@ -123,9 +123,8 @@ def test_recv_rows_puts_each_datagram_in_its_row_with_its_length(batched):
         got = []
         deadline = time.monotonic() + 5
         while len(got) < len(sent) and time.monotonic() < deadline:
-            n = rx.recv_rows(0.5)
-            assert n <= 8
-            got += [rx.in_rows[i, :rx.in_lengths[i]].tobytes() for i in range(n)]
+            n = rx.recv_packets(0.5)
+            got += [rx.in_buf[rx.in_offsets[i]:rx.in_offsets[i] + rx.in_lengths[i]].tobytes() for i in range(n)]
     assert got == sent
 
 
@@ -136,20 +135,89 @@ def test_rows_go_to_their_names_and_come_back_with_their_sources(batched):
             UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as a, \
             UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as b:
         for i, dst in enumerate([a, b, a, b, b]):
-            sw.out_rows[i, :i + 1] = i
-            sw.out_lengths[i] = i + 1
+            sw.out_buf[64 * i:64 * i + i + 1] = i
+            sw.out_offsets[i], sw.out_lengths[i] = 64 * i, i + 1
             sw.out_names[i] = np.frombuffer(sockaddr_in(dst.address), np.uint8)
-        assert sw.send_rows_to(5) == 0
+        assert sw.send_packets(5) == 0
         heard = {}
         for rx in (a, b):
             n = 0
             deadline = time.monotonic() + 5
             while n < (2 if rx is a else 3) and time.monotonic() < deadline:
-                n += rx.recv_rows(0.5)
+                got = rx.recv_packets(0.5)
+                assert from_sockaddr_in(rx.in_names[0].tobytes()) == sw.address
+                last = rx.in_buf[rx.in_offsets[got - 1]:rx.in_offsets[got - 1] + rx.in_lengths[got - 1]].tobytes()
+                n += got
             heard[rx] = n
-            assert from_sockaddr_in(rx.in_names[0].tobytes()) == sw.address
         assert heard == {a: 2, b: 3}
-        assert b.in_rows[2, :b.in_lengths[2]].tobytes() == bytes([4] * 5)
+        assert last == bytes([4] * 5)
         a.send([((b"hi",), sw.address)])
-        assert sw.recv_rows(1.0) == 1
+        assert sw.recv_packets(1.0) == 1
         assert from_sockaddr_in(sw.in_names[0].tobytes()) == a.address
+
+
+def _receive(rx: UdpSocket, count: int) -> list[tuple[bytes, tuple[str, int]]]:
+    got: list[tuple[bytes, tuple[str, int]]] = []
+    deadline = time.monotonic() + 5
+    while len(got) < count and time.monotonic() < deadline:
+        got += [(bytes(v), a) for v, a in rx.recv(0.2)]
+    return got
+
+
+segmented = pytest.mark.skipif(not BATCHED_AVAILABLE, reason="UDP segmentation offload is a Linux feature")
+
+
+@segmented
+@pytest.mark.parametrize("receiver", [None, False], ids=["gro", "no-gro"])
+def test_segmented_rows_arrive_as_the_same_datagrams_in_order(receiver):
+    """200 rows of 280 bytes leave in one system call; with or without GRO the receiver gets those datagrams."""
+    with UdpSocket(("127.0.0.1", 0), batch=256, max_datagram=280, segmentation=receiver) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=256, max_datagram=280) as tx:
+        assert tx.gso and tx.backend.startswith("sendmmsg+GSO")
+        assert rx.gro == (receiver is None)
+        for i in range(200):
+            tx.out_rows[i] = np.arange(i, i + 280) % 251
+        assert tx.send_rows(200, 280) == 0
+        got = _receive(rx, 200)
+    assert [d for d, _ in got] == [bytes(tx.out_rows[i]) for i in range(200)]
+    assert tx.stats.sent == 200 and tx.stats.send_calls == 1
+    if receiver is None:
+        assert rx.stats.recv_calls < 20  # coalesced: up to a message's worth of segments per buffer
+
+
+@segmented
+def test_runs_break_where_the_size_changes_and_a_shorter_last_datagram_ends_one():
+    sizes = [280] * 70 + [100] + [280] * 5 + [50] * 3 + [0] + [7]
+    with UdpSocket(("127.0.0.1", 0), batch=256) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=128, max_datagram=280) as tx:
+        msgs = [((bytes([i % 256]) * size,), None) for i, size in enumerate(sizes)]
+        assert tx.send(msgs) == 0
+        got = _receive(rx, len(sizes))
+    assert [d for d, _ in got] == [m[0][0] for m in msgs]
+
+
+@segmented
+def test_an_unconnected_socket_groups_each_destinations_packets_and_keeps_their_order():
+    """The switch's path: interleaved multicast replicas leave as one segmented message per worker."""
+    with UdpSocket(("127.0.0.1", 0), batch=512, max_datagram=280) as sw, \
+            UdpSocket(("127.0.0.1", 0)) as a, UdpSocket(("127.0.0.1", 0)) as b:
+        for i in range(400):
+            sw.out_buf[280 * i:280 * (i + 1)] = i % 256
+            sw.out_offsets[i], sw.out_lengths[i] = 280 * i, 280
+            sw.out_names[i] = np.frombuffer(sockaddr_in((a if i % 2 else b).address), np.uint8)
+        assert sw.send_packets(400) == 0
+        assert sw.stats.send_calls == 1 and sw.stats.sent == 400
+        for rx, parity in ((a, 1), (b, 0)):
+            got = _receive(rx, 200)
+            assert [d for d, _ in got] == [bytes([i % 256]) * 280 for i in range(parity, 400, 2)]
+            assert {src for _, src in got} == {sw.address}
+
+
+@segmented
+def test_segmentation_can_be_turned_off_and_the_datagrams_are_the_same():
+    with UdpSocket(("127.0.0.1", 0), segmentation=False) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=100, max_datagram=280, segmentation=False) as tx:
+        assert not tx.gso and not rx.gro and tx.backend == "sendmmsg/recvmmsg"
+        tx.out_rows[:100] = np.arange(280) % 7
+        assert tx.send_rows(100, 280) == 0
+        assert [d for d, _ in _receive(rx, 100)] == [bytes(tx.out_rows[0])] * 100

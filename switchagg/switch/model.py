@@ -318,8 +318,8 @@ class NativeSwitch(SwitchModel):
     The same rules, in the same order, with the same packets out: the embedded switch's
     server runs this one, because in Python the switch spends more CPU per packet than the
     workers it serves. The control plane (validation, job table) is the model's; the data
-    plane takes a batch of datagrams as rows (:meth:`process_rows`), as the server's socket
-    lays them out. :meth:`process` takes one datagram, for tests and the plain socket
+    plane takes a batch of datagrams (:meth:`process_batch`) as the server's socket lays them
+    out. :meth:`process` takes one datagram, for tests and the plain socket
     backend. The stage trace is not recorded here: the model documents the order.
     """
 
@@ -337,29 +337,31 @@ class NativeSwitch(SwitchModel):
         self._core.remove(job_id)
         return entry
 
-    def process_rows(self, in_rows: np.ndarray, in_lengths: np.ndarray, in_names: np.ndarray, start: int,
-                     stop: int, out_rows: np.ndarray, out_lengths: np.ndarray,
-                     out_names: np.ndarray) -> tuple[int, int]:
-        """Datagrams ``start..stop-1`` in, packets to send out; see ``_kernels.Switch.process``.
+    def process_batch(self, in_buf: np.ndarray, in_offsets: np.ndarray, in_lengths: np.ndarray,
+                      in_names: np.ndarray, start: int, stop: int, out_buf: np.ndarray, out_offsets: np.ndarray,
+                      out_lengths: np.ndarray, out_names: np.ndarray) -> tuple[int, int]:
+        """Datagrams ``start..stop-1`` in, packets to send out, as the server's socket lays both out;
+        see ``_kernels.Switch.process``.
 
-        Returns the next datagram to handle (it stops early when the out rows might not hold
+        Returns the next datagram to handle (it stops early when the out arrays might not hold
         the next one's packets) and how many packets it wrote.
         """
-        return self._core.process(in_rows, in_lengths, in_names, start, stop, out_rows, out_lengths, out_names)
+        return self._core.process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets,
+                                  out_lengths, out_names)
 
     def process(self, data: bytes | memoryview, src: Address) -> list[Emit]:
         size = max(len(data), HEADER_SIZE)
-        rows = np.zeros((1, size), dtype=np.uint8)
-        rows[0, :len(data)] = np.frombuffer(data, dtype=np.uint8)
         names = np.frombuffer(sockaddr_in(src), dtype=np.uint8).reshape(1, NAME_SIZE)
-        out = np.empty((MAX_WORKERS, size), dtype=np.uint8)
+        out = np.empty(MAX_WORKERS * size, dtype=np.uint8)
+        out_offsets = np.empty(MAX_WORKERS, dtype=np.uint32)
         out_lengths = np.empty(MAX_WORKERS, dtype=np.uint32)
         out_names = np.empty((MAX_WORKERS, NAME_SIZE), dtype=np.uint8)
-        _, made = self.process_rows(rows, np.array([len(data)], dtype=np.uint32), names, 0, 1, out, out_lengths,
-                                    out_names)
+        _, made = self.process_batch(np.frombuffer(bytes(data), dtype=np.uint8), np.zeros(1, np.uint32),
+                                     np.array([len(data)], dtype=np.uint32), names, 0, 1, out, out_offsets,
+                                     out_lengths, out_names)
         emits = []
         for i in range(made):
-            payload = out[i, :out_lengths[i]].tobytes()
+            payload = out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes()
             values = values_of(payload, (len(payload) - HEADER_SIZE) // 4) if len(payload) > HEADER_SIZE else None
             emits.append(Emit(from_sockaddr_in(out_names[i].tobytes()), unpack_header(payload), values))
         return emits

@@ -17,11 +17,14 @@ import threading
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
 from ..transport import UdpSocket
-from ..wire import MAX_WORKERS, UDP_PORT
+from ..wire import UDP_PORT
 from .control import ControlServer
 from .model import RESULTS_KEPT, JobEntry, NativeSwitch, SwitchModel
 
 MAX_DATAGRAM = 65507
+NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
+OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
+OUT_BYTES = 8 << 20  # ... and their bytes: room for 32 multicasts of the largest datagrams
 
 
 def new_generation(avoid: int = 0) -> int:
@@ -36,15 +39,16 @@ class SoftSwitch:
     """The software switch; ``with SoftSwitch(...) as sw:`` starts and stops it."""
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
-                 control: Endpoint | tuple[str, int] | None = None, num_slots: int = 1024,
-                 batched: bool | None = None, batch: int = 64, native: bool = True) -> None:
+                 control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
+                 batched: bool | None = None, batch: int = 64, native: bool = True,
+                 segmentation: bool | None = None) -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
         self.model = NativeSwitch(num_slots) if native else SwitchModel(num_slots)
         self.lock = threading.Lock()
         if not 1 <= batch <= RESULTS_KEPT:
             raise ConfigError(f"batch = {batch}: the switch receives 1..{RESULTS_KEPT} packets at a time")
-        self._batched, self._batch = batched, batch
+        self._batched, self._batch, self._segmentation = batched, batch, segmentation
         self._sock: UdpSocket | None = None
         self._thread: threading.Thread | None = None
         self._control: ControlServer | None = None
@@ -54,9 +58,12 @@ class SoftSwitch:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> SoftSwitch:
-        # The C switch writes a datagram's packets only where all of them fit: a multicast's worth of rows.
-        batch = max(self._batch, MAX_WORKERS) if isinstance(self.model, NativeSwitch) else self._batch
-        self._sock = UdpSocket(self.address, batch=batch, max_datagram=MAX_DATAGRAM, batched=self._batched)
+        if isinstance(self.model, NativeSwitch):  # results of a whole receive, grouped by worker when sent
+            self._sock = UdpSocket(self.address, batch=OUT_PACKETS, max_datagram=MAX_DATAGRAM, out_bytes=OUT_BYTES,
+                                   batched=self._batched, segmentation=self._segmentation)
+        else:
+            self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_DATAGRAM, batched=self._batched,
+                                   segmentation=self._segmentation)
         self.address = self._sock.address
         if self.control_address is not None:
             self._control = ControlServer(self.control_address, self)
@@ -91,37 +98,37 @@ class SoftSwitch:
     def _serve(self) -> None:
         try:
             if isinstance(self.model, NativeSwitch):
-                self._serve_rows(self._sock, self.model)
+                self._serve_batches(self._sock, self.model)
             else:
                 self._serve_model(self._sock, self.model)
         except BaseException as exc:  # surfaced by counters() and the CLI rather than lost
             self.error = exc
             raise
 
-    def _serve_rows(self, sock: UdpSocket, model: NativeSwitch) -> None:
-        """Datagrams in as rows, packets out as rows: no Python object per packet."""
+    def _serve_batches(self, sock: UdpSocket, model: NativeSwitch) -> None:
+        """Datagrams in and packets out as the socket's arrays: no Python object per packet."""
         while not self._stop.is_set():
-            got = sock.recv_rows(0.05)
+            got = sock.recv_packets(0.05)
             with self.lock:
                 start = 0
                 while start < got:
-                    start, made = model.process_rows(sock.in_rows, sock.in_lengths, sock.in_names, start, got,
-                                                     sock.out_rows, sock.out_lengths, sock.out_names)
-                    sock.send_rows_to(made)
+                    start, made = model.process_batch(sock.in_buf, sock.in_offsets, sock.in_lengths, sock.in_names,
+                                                      start, got, sock.out_buf, sock.out_offsets, sock.out_lengths,
+                                                      sock.out_names)
+                    sock.send_packets(made)
 
     def _serve_model(self, sock: UdpSocket, model: SwitchModel) -> None:
         while not self._stop.is_set():
             packets = sock.recv(0.05)
-            if not packets:
-                continue
-            out = []
-            with self.lock:
-                for data, src in packets:
-                    for emit in model.process(data, src):
-                        head = emit.header.pack()
-                        out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
-            if out:
-                sock.send(out)  # a batch emits at most `batch` results: their values are still valid
+            for start in range(0, len(packets), self._batch):
+                out = []
+                with self.lock:
+                    for data, src in packets[start:start + self._batch]:
+                        for emit in model.process(data, src):
+                            head = emit.header.pack()
+                            out.append(((head,) if emit.values is None else (head, emit.values), emit.dst))
+                if out:
+                    sock.send(out)  # `batch` datagrams emit at most `batch` results: their values are still valid
 
     # ---- control ---------------------------------------------------------------------------------
 
