@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from switchagg import Client, ConfigError, JobNotStarted, QuantizationError, SoftSwitch, StallError
-from switchagg.wire import PacketType, make_header
+from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
+from switchagg.wire import PacketType, make_header, unpack_header
 
 from .conftest import loopback_config, run_ranks
 
@@ -141,6 +142,54 @@ def test_the_pure_model_serves_the_same_sums_as_the_c_switch():
             results.append(out[0])
             assert sw.counters()["jobs"][1]["results_multicast"] > 0 and sw.error is None
     assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="UDP segmentation offload is a Linux feature")
+def test_segmented_and_plain_transports_give_the_same_bits():
+    """K = 64 through GSO/GRO sockets and through one datagram per message: the same sums, float and int32."""
+    xs, ints = inputs(3, 70_001, seed=11), inputs(3, 30_011, np.int32, seed=12)
+    results = []
+    for segmentation in (None, False):
+        with SoftSwitch(("127.0.0.1", 0), segmentation=segmentation) as sw:
+            cfg = loopback_config(3, switch_port=sw.address[1], k=64, slot_count=256)
+            sw.add_job(cfg)
+
+            def both(rank, cfg=cfg, segmentation=segmentation):
+                with Client(cfg, rank, segmentation=segmentation) as c:
+                    assert ("GSO" in c.backend) == (segmentation is None), c.backend
+                    return c.allreduce(xs[rank]), c.allreduce(ints[rank])
+
+            out = run_ranks(3, both)
+            assert not any(isinstance(o, BaseException) for o in out), out
+            assert ("GRO" in sw.backend) == (segmentation is None)
+            results.append(out)
+    for (f0, i0), (f1, i1) in zip(*results, strict=True):
+        assert np.array_equal(f0, f1) and np.array_equal(i0, i1)
+    assert np.array_equal(results[0][0][1], np.sum(np.stack(ints), axis=0, dtype=np.int32))
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="UDP segmentation offload is a Linux feature")
+def test_a_short_segment_in_a_coalesced_buffer_is_one_counted_drop(soft_switch):
+    """Ten contributions and a 10-byte runt in one segmented send: ten results, one malformed, nothing else lost."""
+    cfg = loopback_config(1, switch_port=soft_switch.address[1], k=64, slot_count=16)
+    soft_switch.add_job(cfg)
+    with Client(cfg, 0) as c:
+        generation = c.probe()
+    contributions = [make_header(PacketType.CONTRIB, job=cfg.job_id, worker=0, slot=s, chunk=s + 1,
+                                 generation=generation, key=cfg.key, count=64).pack() + bytes(256) for s in range(10)]
+    with UdpSocket(cfg.workers[0].address.tuple, peer=cfg.switch.tuple, batch=16, max_datagram=280) as w:
+        assert w.gso
+        assert w.send([((data,), None) for data in contributions] + [((b"0123456789",), None)]) == 0
+        assert w.stats.send_calls == 1  # one message: ten full segments and the short last one
+        results = []
+        deadline = time.monotonic() + 5
+        while len(results) < 10 and time.monotonic() < deadline:
+            results += [unpack_header(bytes(v)) for v, _ in w.recv(0.2)]
+    assert sorted(h.slot for h in results) == list(range(10))
+    assert all(h.type == PacketType.RESULT for h in results)
+    counters = soft_switch.counters()
+    assert counters["global"]["malformed"] == 1
+    assert counters["jobs"][cfg.job_id]["results_multicast"] == 10
 
 
 def test_several_jobs_on_one_switch_are_isolated(make_job):
