@@ -54,6 +54,9 @@ typedef struct {
     double *deadline;
     Py_ssize_t *earlier, *later;  /* per entry: its neighbours in the list, -1 at either end */
     Py_ssize_t first_timer, last_timer;
+    uint16_t *slot_of;  /* per entry, once fill() reached it: its slot and shadow copy */
+    uint8_t *copy_of;
+    Py_ssize_t walk_slot, walk_round;  /* where fill()'s walk of the schedule is: the next data chunk's */
     Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
     Py_ssize_t out_head, out_len, out_cap;
     double last_progress, progress_timeout;
@@ -176,16 +179,23 @@ static Py_ssize_t prev_of(const Stream *s, Py_ssize_t t) {
     return t - s->slots;
 }
 
-static void slot_copy(const Stream *s, Py_ssize_t t, Py_ssize_t *slot, int *copy) {
+/* Entry s->next's slot and shadow copy (Reduction._slot_copy): data chunk d goes on slot d % slots,
+ * and each use of a slot flips its copy. fill() walks the schedule in order, so the division is kept
+ * as a running slot and round, and each entry's place is stored for its emit and its result. */
+static void place_next(Stream *s) {
+    Py_ssize_t t = s->next;
     if (t < s->rounds) {
-        *slot = t;
-        *copy = s->copy0[t];
+        s->slot_of[t] = (uint16_t)t;
+        s->copy_of[t] = s->copy0[t] & 1;
         return;
     }
-    Py_ssize_t d = t - s->rounds;
-    *slot = d % s->slots;
-    Py_ssize_t use = d / s->slots + (*slot < s->rounds);
-    *copy = (int)((s->copy0[*slot] + use) & 1);
+    Py_ssize_t slot = s->walk_slot, use = s->walk_round + (slot < s->rounds);
+    s->slot_of[t] = (uint16_t)slot;
+    s->copy_of[t] = (uint8_t)((s->copy0[slot] + use) & 1);
+    if (++s->walk_slot == s->slots) {
+        s->walk_slot = 0;
+        s->walk_round++;
+    }
 }
 
 static int exponent_used(const Stream *s, Py_ssize_t t) {
@@ -278,6 +288,7 @@ static int fill(Stream *s, double now) {
         Py_ssize_t prev = prev_of(s, s->next);
         if (prev >= 0 && !s->done[prev])
             break;
+        place_next(s);
         if (send_entry(s, s->next, now, 0) < 0)
             return -1;
         s->next++;
@@ -286,19 +297,17 @@ static int fill(Stream *s, double now) {
 }
 
 static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
-    Py_ssize_t slot;
-    int copy, proposal = EXP_NONE;
-    slot_copy(s, t, &slot, &copy);
+    int proposal = EXP_NONE;
     if (t < s->rounds)
         proposal = s->proposals[t];
     else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
         proposal = s->proposals[t - s->rounds + s->slots];
     row[OFF_VERSION] = VERSION;
     row[OFF_TYPE] = TYPE_CONTRIB;
-    row[OFF_FLAGS] = (unsigned char)(copy & FLAG_COPY);
+    row[OFF_FLAGS] = s->copy_of[t];
     row[OFF_WORKER] = s->worker;
     put16(row + OFF_JOB, s->job);
-    put16(row + OFF_SLOT, (uint16_t)slot);
+    put16(row + OFF_SLOT, s->slot_of[t]);
     put32(row + OFF_CHUNK, (uint32_t)(s->first_id + (uint32_t)t));
     put32(row + OFF_GENERATION, s->generation);
     put32(row + OFF_KEY, s->key);
@@ -359,10 +368,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation || get32(p + OFF_KEY) != s->key
             || get16(p + OFF_COUNT) != s->k || t >= s->total || !s->in_flight[t])
         return 0;  /* a duplicate, a stale result, or not ours */
-    Py_ssize_t slot;
-    int copy;
-    slot_copy(s, t, &slot, &copy);
-    if (get16(p + OFF_SLOT) != slot || (p[OFF_FLAGS] & FLAG_COPY) != copy)
+    if (get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
         return 0;
     s->in_flight[t] = 0;
     s->n_in_flight--;
@@ -488,10 +494,8 @@ static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
     for (Py_ssize_t t = 0; list && t < s->total; t++) {
         if (!s->in_flight[t])
             continue;
-        Py_ssize_t slot;
-        int copy;
-        slot_copy(s, t, &slot, &copy);
-        PyObject *item = Py_BuildValue("(kni)", (unsigned long)(uint32_t)(s->first_id + (uint32_t)t), slot, copy);
+        PyObject *item = Py_BuildValue("(kii)", (unsigned long)(uint32_t)(s->first_id + (uint32_t)t),
+                                       (int)s->slot_of[t], (int)s->copy_of[t]);
         if (item == NULL || PyList_Append(list, item) < 0)
             Py_CLEAR(list);
         Py_XDECREF(item);
@@ -546,7 +550,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     if (PyObject_GetBuffer(out, &s->out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     s->numel = s->x.len / 4;
-    if (s->slots < 1 || k < 1 || s->x.itemsize != 4 || s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k
+    if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4 || s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k
             || rounds != (s->floats ? (s->slots < n_chunks ? s->slots : n_chunks) : 0)) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
                         "of values_per_packet, and rounds = min(slots, n_chunks) for floats, else 0");
@@ -566,8 +570,10 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->deadline = malloc(total * sizeof(double));
     s->earlier = malloc(total * sizeof(Py_ssize_t));
     s->later = malloc(total * sizeof(Py_ssize_t));
+    s->slot_of = malloc(total * sizeof(uint16_t));
+    s->copy_of = malloc(total);
     s->first_timer = s->last_timer = -1;
-    if (!s->deadline || !s->earlier || !s->later || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
+    if (!s->slot_of || !s->copy_of || !s->deadline || !s->earlier || !s->later || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
             || !s->first_send) {
         PyErr_NoMemory();
         goto done;
@@ -611,6 +617,8 @@ static void Stream_dealloc(Stream *s) {
     free(s->last_send);
     free(s->first_send);
     free(s->deadline);
+    free(s->slot_of);
+    free(s->copy_of);
     free(s->earlier);
     free(s->later);
     free(s->outbox);

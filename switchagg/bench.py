@@ -142,21 +142,27 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
     rows = np.empty((slots, size), np.uint8)
     offsets = (size * np.arange(slots)).astype(np.uint32)
     lengths = np.full(slots, size, np.uint32)
-    t = time.perf_counter()
-    payloads = FloatPayloads(x, out, k, n)
-    red = NativeReduction(StreamParams(1, 0, 0, 1, n, slots, k), Window(slots, initial=slots), payloads,
-                          n_chunks=-(-numel // k), first_id=0, copies=np.zeros(slots, np.int64), now=0.0,
-                          progress_timeout=1e9)
-    enc, dec = time.perf_counter() - t, 0.0
-    while not red.done:
-        t0 = time.perf_counter()
-        m = red.emit(rows)
-        t1 = time.perf_counter()
-        rows[:m, 1] = PacketType.RESULT
-        t2 = time.perf_counter()
-        red.receive_batch(rows, offsets[:m], lengths[:m], 0.0)
-        dec += time.perf_counter() - t2
-        enc += t1 - t0
+
+    def one_call() -> tuple[float, float]:
+        t = time.perf_counter()
+        payloads = FloatPayloads(x, out, k, n)
+        red = NativeReduction(StreamParams(1, 0, 0, 1, n, slots, k), Window(slots, initial=slots), payloads,
+                              n_chunks=-(-numel // k), first_id=0, copies=np.zeros(slots, np.int64), now=0.0,
+                              progress_timeout=1e9)
+        enc, dec = time.perf_counter() - t, 0.0
+        while not red.done:
+            t0 = time.perf_counter()
+            m = red.emit(rows)
+            t1 = time.perf_counter()
+            rows[:m, 1] = PacketType.RESULT
+            t2 = time.perf_counter()
+            red.receive_batch(rows, offsets[:m], lengths[:m], 0.0)
+            dec += time.perf_counter() - t2
+            enc += t1 - t0
+        return enc, dec
+
+    one_call()  # the first call also faults in out's pages, as a training loop's first step does
+    enc, dec = one_call()
     return x.nbytes / enc / 1e9, x.nbytes / dec / 1e9
 
 
