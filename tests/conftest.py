@@ -81,6 +81,17 @@ def need(kind: str, missing: str | None) -> None:
     pytest.skip(missing)
 
 
+def assert_segmented(backend: str) -> None:
+    """A worker's sends went out segmented (GSO) through a namespace's veth, which cuts them into frames.
+
+    Older kernels refuse GSO on a device without checksum offload, as the test beds' are (newer ones
+    checksum the segments in software): then the refusal must say EIO, and the worker fell back to
+    plain sendmmsg.
+    """
+    assert backend.startswith("sendmmsg+GSO"), backend
+    assert "refused" not in backend or "EIO" in backend, backend
+
+
 _RAN: dict[str, dict[str, int]] = {}
 
 

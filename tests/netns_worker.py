@@ -1,6 +1,7 @@
 """One worker process for the namespace tests: ``python -m tests.netns_worker CONFIG RANK OUT ROUNDS SIZE``.
 
-It allreduces seeded float32 and int32 tensors ROUNDS times and saves what came back to OUT (.npz).
+It allreduces seeded float32 and int32 tensors ROUNDS times and saves what came back to OUT (.npz),
+with the client's loss count and transport backend.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
             results[f"f{r}"] = client.allreduce(f)
             results[f"i{r}"] = client.allreduce(i)
         results["timeouts"] = np.array(client.window.losses)
+        results["backend"] = np.array(client.backend)
     np.savez(out, **results)
 
 

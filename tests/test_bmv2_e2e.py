@@ -17,7 +17,7 @@ import pytest
 from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
 
-from .conftest import need
+from .conftest import assert_segmented, need
 from .impair import nft_impair
 from .netns_worker import inputs
 
@@ -64,6 +64,8 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
 
     cfg, path = job
     clean = allreduce_run(bed, path, tmp_path / "clean")
+    for r in clean:
+        assert_segmented(str(r["backend"]))
     for rnd in range(ROUNDS):
         ints = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(N)], axis=0)
         floats = np.sum([inputs(w, rnd, SIZE + rnd)[0].astype(np.float64) for w in range(N)], axis=0)

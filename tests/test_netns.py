@@ -18,7 +18,7 @@ import pytest
 
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
 
-from .conftest import need
+from .conftest import assert_segmented, need
 from .impair import ReorderRelay, nft_impair
 from .netns_worker import inputs
 
@@ -96,6 +96,8 @@ def test_loss_duplication_and_reordering_leave_results_bit_exact(topology, tmp_p
     (tmp_path / "clean").mkdir()
     (tmp_path / "bad").mkdir()
     clean, _ = run_job(prefix, cfg, tmp_path / "clean", jitter=0.0, seed=1)
+    for r in clean:
+        assert_segmented(str(r["backend"]))
     for i in range(N):
         nft_impair(f"{prefix}-w{i}", loss=5, dup=5, dup_to=cfg.switch.host)
     try:

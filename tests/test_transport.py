@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -221,3 +223,41 @@ def test_segmentation_can_be_turned_off_and_the_datagrams_are_the_same():
         tx.out_rows[:100] = np.arange(280) % 7
         assert tx.send_rows(100, 280) == 0
         assert [d for d, _ in _receive(rx, 100)] == [bytes(tx.out_rows[0])] * 100
+
+
+_REFUSAL = """
+import numpy as np
+from switchagg.transport import UdpSocket
+with UdpSocket(("127.0.0.1", 0)) as rx, UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=8, max_datagram=2000) as tx:
+    tx.out_rows[:8] = np.arange(8, dtype=np.uint8)[:, None]
+    assert tx.send_rows(8, 2000) == 0
+    got = []
+    while len(got) < 8 and rx.wait(2.0):
+        got += [bytes(v) for v, _ in rx.recv()]
+    assert got == [bytes([i]) * 2000 for i in range(8)], [len(g) for g in got]
+    print(tx.backend)
+"""
+
+
+@pytest.mark.netns
+def test_a_refused_segmentation_falls_back_to_plain_datagrams_and_says_why():
+    """2000-byte segments on a 1500-byte loopback: the kernel refuses GSO, the datagrams still arrive."""
+    import os
+
+    from .conftest import need
+
+    need("netns", None if os.geteuid() == 0 and shutil.which("ip") else "needs root and `ip` for a namespace")
+    from bmv2_env import netns
+
+    ns = "sag-refuse"
+    netns.delete_namespace(ns)
+    netns.add_namespace(ns)
+    try:
+        netns.sh("ip", "link", "set", "lo", "mtu", "1500", ns=ns)
+        root = str(Path(__file__).resolve().parents[1])
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", _REFUSAL], capture_output=True,
+                             text=True, timeout=60, cwd=root)
+    finally:
+        netns.delete_namespace(ns)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"sendmmsg \(GSO refused: (EINVAL|EMSGSIZE)\)/recvmmsg\+GRO", out.stdout.strip())
