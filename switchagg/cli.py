@@ -60,7 +60,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     job = status.get("jobs", {}).get(str(cfg.job_id))
     counters = status["counters"]
-    print(f"switch {cfg.switch} ({args.target})")
+    backend = f", transport {status['backend']}" if status.get("backend") else ""
+    print(f"switch {cfg.switch} ({args.target}{backend})")
     if job is None:
         print(f"job {cfg.job_id}: NOT INSTALLED on this switch (deploy it, or start `switchagg switch`)")
     else:
