@@ -15,13 +15,11 @@ import signal
 import sys
 from pathlib import Path
 
-from .testbed import TestBed, missing_prerequisites
-
-STATE_DIR = Path("/run/switchagg-bmv2")
+from .testbed import RUN_DIR, TestBed, missing_prerequisites
 
 
 def _state(prefix: str) -> Path:
-    return STATE_DIR / f"{prefix}.json"
+    return RUN_DIR / f"{prefix}.json"
 
 
 def up(args: argparse.Namespace) -> int:
@@ -37,10 +35,11 @@ def up(args: argparse.Namespace) -> int:
     cfg = bed.job(list(range(args.workers)), slot_count=args.slots)
     generation = bmv2.deploy(cfg, bed.grpc_addr)
     cfg.write(args.config)
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(args.prefix).write_text(json.dumps({"pid": bed._proc.pid, "hosts": args.workers}))
     bed._proc = None  # leave it running for `down`
     print(f"BMv2 on ports 0..{args.workers - 1}, P4Runtime at {bed.grpc_addr}, thrift {args.thrift_port}")
+    print(f"BMv2's output goes to {bed.output}")
     print(f"job {cfg.job_id} deployed (generation {generation}); config written to {args.config}")
     print(f"run worker r with: ip netns exec {args.prefix}h<r> .venv/bin/switchagg worker "
           f"--config {args.config} --rank <r>")

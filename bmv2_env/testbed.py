@@ -2,7 +2,8 @@
 
 Hosts are ``<prefix>h<i>`` with interface ``eth0`` (MAC 02:5a:00:00:<b>:<i+1>), on 10.77.<b>.0/24;
 the switch answers at 10.77.<b>.254 (its MAC is static in every host's neighbour table, since the
-P4 program answers no ARP). BMv2 runs here in the root namespace, gRPC on 127.0.0.1 only.
+P4 program answers no ARP). BMv2 runs here in the root namespace, gRPC on 127.0.0.1 only, its output
+(stdout and stderr) in a file under RUN_DIR.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.control.build import Pipeline, build, find_tool
 
 from . import netns
+
+RUN_DIR = Path("/run/switchagg-bmv2")  # the beds' state and BMv2's output, by prefix
 
 
 def missing_prerequisites() -> str | None:
@@ -55,7 +58,11 @@ class TestBed:
     prefix: str = "sa"
     subnet: int = 77
     host_ips: bool = True  # False: bare links, for injecting raw frames (nothing in a host answers)
-    log: Path | None = None
+    log: Path | None = None  # BMv2's packet log (--log-file), if any
+    # BMv2's stdout and stderr (default RUN_DIR/<prefix>.simple_switch.log): a file, never a pipe, since
+    # a bed left running by `python -m bmv2_env up` outlives whoever would read the pipe, and BMv2's next
+    # write to it would kill BMv2 with SIGPIPE.
+    output: Path | None = None
     pipeline: Pipeline | None = None
     switch_binary: str | None = None  # another simple_switch_grpc build (default: the one on PATH)
     grpc_port: int = field(default_factory=free_tcp_port)
@@ -117,12 +124,16 @@ class TestBed:
         if self.log:
             argv += ["--log-file", str(self.log), "--log-flush"]
         argv += ["--", "--grpc-server-addr", self.grpc_addr]
-        self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      start_new_session=True)
+        self.output = self.output or RUN_DIR / f"{self.prefix}.simple_switch.log"
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        with self.output.open("wb") as out:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"simple_switch_grpc exited: {self._proc.stderr.read().decode()[-2000:]}")
+                tail = self.output.read_bytes()[-2000:].decode(errors="replace")
+                raise RuntimeError(f"simple_switch_grpc exited (its output is in {self.output}):\n{tail}")
             try:
                 with socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.2):
                     break

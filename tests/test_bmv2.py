@@ -8,6 +8,7 @@ simple_switch_grpc (required where CI found them).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 
@@ -236,3 +237,11 @@ def test_seeded_random_sequences_with_loss_duplication_reordering(diff, seed):
     for p in packets:
         send(diff, p)
     diff.check_counters()
+
+
+def test_bmv2_writes_its_output_to_a_file_not_a_pipe(diff):
+    """A pipe outlives its reader when `python -m bmv2_env up` exits, and BMv2's next write kills it (SIGPIPE)."""
+    bed = diff.bed
+    assert bed.output.is_file()
+    for fd in (1, 2):
+        assert os.readlink(f"/proc/{bed._proc.pid}/fd/{fd}") == str(bed.output)
