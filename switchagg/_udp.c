@@ -156,6 +156,25 @@ static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_seg
     return m - at;
 }
 
+/* A batch's four arrays as buffers: the bytes, the offsets, the lengths and, unless None, the names. */
+static int get_batch(PyObject *const objs[4], Py_buffer views[4], int writable) {
+    for (int i = 0; i < 4; i++)
+        if ((i < 3 || objs[i] != Py_None)
+                && PyObject_GetBuffer(objs[i], &views[i], writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+            return -1;
+    return 0;
+}
+
+static void release_batch(Py_buffer views[4]) {
+    for (int i = 0; i < 4; i++)
+        PyBuffer_Release(&views[i]);  /* a no-op on a buffer never got */
+}
+
+static PyObject *os_error(int err) {
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
 PyDoc_STRVAR(send_doc,
 "send(fd, buf, offsets, lengths, names, n, max_segments) -> (sent, refused, calls, gso_errno)\n\n"
 "Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), to the\n"
@@ -171,13 +190,13 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     PyObject *buf_obj, *off_obj, *len_obj, *names_obj;
     if (!PyArg_ParseTuple(args, "iOOOOnl", &fd, &buf_obj, &off_obj, &len_obj, &names_obj, &n, &max_segments))
         return NULL;
-    Py_buffer buf = {0}, off = {0}, len = {0}, names = {0};
+    PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
+    Py_buffer v[4] = {{0}}, buf, off, len, names;
     PyObject *result = NULL;
     Batch b = {0};
-    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(off_obj, &off, PyBUF_SIMPLE) < 0
-            || PyObject_GetBuffer(len_obj, &len, PyBUF_SIMPLE) < 0
-            || (names_obj != Py_None && PyObject_GetBuffer(names_obj, &names, PyBUF_SIMPLE) < 0))
+    if (get_batch(objs, v, 0) < 0)
         goto done;
+    buf = v[0], off = v[1], len = v[2], names = v[3];
     if (n < 0 || off.len < 4 * n || len.len < 4 * n || (names_obj != Py_None && names.len < NAME * n)) {
         PyErr_SetString(PyExc_ValueError, "send: offsets and lengths need n uint32 each, names n rows of 16 bytes");
         goto done;
@@ -237,22 +256,14 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    if (fatal) {
-        errno = fatal;
-        PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
-    }
-    result = Py_BuildValue("LLLi", sent, refused, calls, gso_errno);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LLLi", sent, refused, calls, gso_errno);
 done:
     free(b.order);
     free(b.iov);
     free(b.msgs);
     free(b.cmsgs);
     free(b.first);
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&off);
-    PyBuffer_Release(&len);
-    PyBuffer_Release(&names);
+    release_batch(v);
     return result;
 }
 
@@ -285,12 +296,12 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
     PyObject *buf_obj, *off_obj, *len_obj, *names_obj;
     if (!PyArg_ParseTuple(args, "iOniOOO", &fd, &buf_obj, &stride, &vlen, &off_obj, &len_obj, &names_obj))
         return NULL;
-    Py_buffer buf = {0}, off = {0}, len = {0}, names = {0};
+    PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
+    Py_buffer v[4] = {{0}}, buf, off, len, names;
     PyObject *result = NULL;
-    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_WRITABLE) < 0 || PyObject_GetBuffer(off_obj, &off, PyBUF_WRITABLE) < 0
-            || PyObject_GetBuffer(len_obj, &len, PyBUF_WRITABLE) < 0
-            || (names_obj != Py_None && PyObject_GetBuffer(names_obj, &names, PyBUF_WRITABLE) < 0))
+    if (get_batch(objs, v, 1) < 0)
         goto done;
+    buf = v[0], off = v[1], len = v[2], names = v[3];
     Py_ssize_t room = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
     if (names_obj != Py_None && names.len / NAME < room)
         room = names.len / NAME;
@@ -355,17 +366,9 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    if (fatal) {
-        errno = fatal;
-        PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
-    }
-    result = Py_BuildValue("LiLL", datagrams, got, dropped, errors);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LiLL", datagrams, got, dropped, errors);
 done:
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&off);
-    PyBuffer_Release(&len);
-    PyBuffer_Release(&names);
+    release_batch(v);
     return result;
 }
 
