@@ -129,6 +129,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.loss:
+        from .lossbench import RATES, run_loss_bench
+
+        return run_loss_bench(worker_counts=tuple(args.loss_workers), rates=tuple(args.loss_rates or RATES),
+                              plot=args.plot)
     if args.ddp:
         from .ddp_demo import run_ddp_bench
 
@@ -207,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switchagg then gloo, this many times; the ratios are the median of the rounds'")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--plot", metavar="FILE.png", help="draw each round's ratios and packet rates (matplotlib)")
+    p.add_argument("--loss", action="store_true",
+                   help="instead: time under 0, 0.1, 1 and 5%% real packet loss (root: namespaces and nftables)")
+    p.add_argument("--loss-workers", type=int, nargs="+", default=[4, 7], help="worker counts of --loss")
+    p.add_argument("--loss-rates", type=float, nargs="+", help="loss rates of --loss, percent per hop")
     p.add_argument("--ddp", action="store_true",
                    help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
     p.set_defaults(fn=_cmd_bench)

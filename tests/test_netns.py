@@ -8,6 +8,7 @@ against a loss-free run. Needs root, ip, nft and ethtool (required where CI foun
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,3 +117,17 @@ def test_loss_duplication_and_reordering_leave_results_bit_exact(topology, tmp_p
     for rnd in range(ROUNDS):  # and the int32 sums are exact against numpy
         expect = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(N)], axis=0)
         assert np.array_equal(clean[0][f"i{rnd}"], expect.astype(np.int32))
+
+
+def test_the_loss_bench_measures_a_lossy_run_against_a_lossless_one(capsys, tmp_path):
+    need("netns", missing())
+    pytest.importorskip("matplotlib")
+    from switchagg.lossbench import run_loss_bench
+
+    plot = tmp_path / "loss.png"
+    assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), plot=str(plot)) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^ +2 +([\d.]+) +[\d.]+ +([\d.]+) +(\d+) +(\d+) +\S+ +(yes|NO)$", out, re.M)
+    assert [r[0] for r in rows] == ["0", "1"] and all(r[4] == "yes" for r in rows), out
+    assert rows[0][1] == "1.00" and rows[0][2] == "0" and int(rows[1][3]) > 0  # nftables really dropped packets
+    assert plot.read_bytes()[:4] == b"\x89PNG"

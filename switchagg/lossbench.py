@@ -1,0 +1,232 @@
+"""``switchagg bench --loss``: what packet loss costs an allreduce, on network namespaces with real kernel loss.
+
+The embedded switch runs in a namespace of its own, each worker in another, joined by a bridge.
+nftables drops switchagg packets at random on every namespace's input (so a packet crosses two
+lossy hops: contribution into the switch, result into the worker) and duplicates 1% of what the
+workers send at the highest loss rate. Each worker allreduces int32 and float32 arrays of prime
+lengths (about 205k values of each, K = 64); the same job runs at every loss rate, and the bench
+prints per rate the time over the lossless time, the packets resent over those nftables dropped
+(its own counters), and whether every sum came out bit-exact (int32 against numpy, float32
+against the lossless run, on every rank). Needs root, ``ip`` and ``nft``; it makes its namespaces
+and addresses (10.81.0.0/24, inside them only) and removes them when done.
+
+``python -m switchagg.lossbench CONFIG RANK OUT`` is one worker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import Endpoint, JobConfig, WorkerSpec
+from .errors import SwitchAggError
+
+PRIMES = (131071, 65521, 8191, 509, 127, 3)  # lengths of the arrays each worker reduces
+PREFIX = "salb"
+SWITCH_IP = "10.81.0.254"
+RATES = (0.0, 0.1, 1.0, 5.0)  # percent, on each hop
+DUP = 1  # percent duplicated at the highest rate
+
+
+def inputs(rank: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s seeded float32 and int32 arrays of ``length`` values."""
+    rng = np.random.default_rng([rank, length])
+    return rng.standard_normal(length).astype(np.float32), rng.integers(-2**20, 2**20, length).astype(np.int32)
+
+
+def _worker(config: str, rank: int, out: str) -> None:
+    from .client import Client
+
+    cfg = JobConfig.from_file(config)
+    results = {}
+    with Client(cfg, rank, start_timeout=60, stall_timeout=30) as client:
+        client.allreduce(np.zeros(64, np.int32))  # every rank is up: the timed part starts together
+        start = time.perf_counter()
+        for length in PRIMES:
+            f, i = inputs(rank, length)
+            results[f"f{length}"] = client.allreduce(f)
+            results[f"i{length}"] = client.allreduce(i)
+        results["seconds"] = np.array(time.perf_counter() - start)
+        results["resent"] = np.array(client.retransmissions)
+    np.savez(out, **results)
+
+
+def _ns(i: int | None) -> str:
+    return f"{PREFIX}-sw" if i is None else f"{PREFIX}-w{i}"
+
+
+def _topology(n: int) -> JobConfig:
+    from bmv2_env import netns
+
+    _teardown()
+    sw = _ns(None)
+    netns.add_namespace(sw)
+    netns.sh("ip", "link", "add", "br0", "type", "bridge", ns=sw)
+    netns.quiet_link("br0", sw)
+    netns.sh("ip", "addr", "add", f"{SWITCH_IP}/24", "dev", "br0", ns=sw)
+    for i in range(n):
+        netns.add_namespace(_ns(i))
+        netns.veth_between(_ns(i), "eth0", sw, f"s{i}")
+        netns.sh("ip", "link", "set", f"s{i}", "master", "br0", ns=sw)
+        netns.sh("ip", "addr", "add", f"10.81.0.{i + 1}/24", "dev", "eth0", ns=_ns(i))
+    return JobConfig(switch=Endpoint(SWITCH_IP, 16711), job_id=3, key=0x1055, slot_base=0, slot_count=1024,
+                     values_per_packet=64,
+                     workers=tuple(WorkerSpec(Endpoint(f"10.81.0.{i + 1}", 45000)) for i in range(n)))
+
+
+def _teardown() -> None:
+    from bmv2_env import netns
+
+    for ns in netns.namespaces(PREFIX):
+        netns.delete_namespace(ns)
+
+
+def _impair(n: int, rate: float, dup: int) -> None:
+    """``rate`` percent of switchagg packets dropped on every namespace's input; ``dup`` percent duplicated."""
+    from bmv2_env import netns
+
+    for i in [None, *range(n)]:
+        ns = _ns(i)
+        netns.sh("nft", "delete", "table", "ip", "salb", ns=ns, check=False)
+        if not rate:
+            continue
+        match = "udp dport 16711" if i is None else "udp sport 16711"
+        rules = ["add table ip salb", "add chain ip salb in { type filter hook input priority 0 ; }",
+                 f"add rule ip salb in {match} numgen random mod 1000 < {round(rate * 10)} counter drop"]
+        if dup and i is not None:
+            rules += ["add chain ip salb out { type filter hook output priority 0 ; }",
+                      f"add rule ip salb out udp dport 16711 numgen random mod 100 < {dup} dup to {SWITCH_IP} "
+                      "device eth0"]
+        for rule in rules:
+            netns.sh("nft", *rule.split(), ns=ns)
+
+
+def _dropped(n: int) -> int:
+    from bmv2_env import netns
+
+    total = 0
+    for i in [None, *range(n)]:
+        listing = netns.sh("nft", "list", "table", "ip", "salb", ns=_ns(i), check=False).stdout
+        total += sum(int(x) for x in re.findall(r"counter packets (\d+)", listing))
+    return total
+
+
+def _run(cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.ndarray]], float]:
+    """One job: the switch and the workers in their namespaces; each rank's results, and the slowest time."""
+    path = cfg.write(workdir / "job.toml")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    switch = subprocess.Popen(["ip", "netns", "exec", _ns(None), sys.executable, "-m", "switchagg", "switch",
+                               "--config", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env)
+    try:
+        for line in switch.stdout:
+            if line.startswith("switchagg switch on"):
+                break
+        else:
+            raise SwitchAggError(f"the switch did not start in namespace {_ns(None)} (exit {switch.wait()})")
+        workers = [subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m", "switchagg.lossbench",
+                                     str(path), str(r), str(workdir / f"r{r}.npz")], env=env,
+                                    stderr=subprocess.PIPE, text=True) for r in range(cfg.n_workers)]
+        for r, w in enumerate(workers):
+            _, err = w.communicate(timeout=1800)
+            if w.returncode:
+                raise SwitchAggError(f"loss bench worker {r} failed: {err[-2000:]}")
+    finally:
+        switch.terminate()
+        switch.wait(10)
+    runs = [dict(np.load(workdir / f"r{r}.npz")) for r in range(cfg.n_workers)]
+    return runs, max(float(r["seconds"]) for r in runs)
+
+
+def _exact(runs: list[dict[str, np.ndarray]], lossless: list[dict[str, np.ndarray]], n: int) -> bool:
+    for length in PRIMES:
+        ints = np.sum([inputs(w, length)[1].astype(np.int64) for w in range(n)], axis=0).astype(np.int32)
+        for r, base in zip(runs, lossless, strict=True):
+            if not (np.array_equal(r[f"i{length}"], ints) and np.array_equal(r[f"f{length}"], base[f"f{length}"])
+                    and np.array_equal(r[f"f{length}"], runs[0][f"f{length}"])):
+                return False
+    return True
+
+
+def missing() -> str | None:
+    """Why the loss bench cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the loss bench needs root (network namespaces and nftables): run it with sudo"
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("ethtool", "ethtool")):
+        if shutil.which(tool) is None:
+            return f"the loss bench needs `{tool}`: apt-get install {package}"
+    return None
+
+
+def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[float, ...] = RATES,
+                   plot: str | None = None) -> int:
+    """The same job at every loss rate for each worker count; a line per rate, and a table at the end."""
+    problem = missing()
+    if problem:
+        raise SwitchAggError(problem)
+    values = sum(PRIMES)
+    print(f"loss bench: K=64, {values} float32 and {values} int32 values per worker, loss on every hop's input "
+          f"(contribution and result), {DUP}% duplication at {max(rates):g}%")
+    table: dict[int, list[tuple[float, float, float, int, int, bool]]] = {}
+    try:
+        for n in worker_counts:
+            cfg = _topology(n)
+            lossless: list[dict[str, np.ndarray]] | None = None
+            base = 0.0
+            for rate in rates:
+                _impair(n, rate, DUP if rate == max(rates) and rate else 0)
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs, seconds = _run(cfg, Path(tmp))
+                dropped, resent = _dropped(n), sum(int(r["resent"]) for r in runs)
+                if lossless is None:
+                    lossless, base = runs, seconds
+                exact = _exact(runs, lossless, n)
+                table.setdefault(n, []).append((rate, seconds, seconds / base, resent, dropped, exact))
+                ratio = resent / dropped if dropped else float("nan")
+                print(f"{n} workers, {rate:g}% loss: {seconds:.2f} s ({seconds / base:.2f}x lossless), resent "
+                      f"{resent}, dropped {dropped} (resent/dropped {ratio:.2f}), "
+                      f"{'bit-exact' if exact else 'NOT EXACT'}", flush=True)
+    finally:
+        _teardown()
+    print("workers  loss%  seconds  x_lossless  resent  dropped  resent/dropped  exact")
+    for n, rows in table.items():
+        for rate, seconds, slowdown, resent, dropped, exact in rows:
+            ratio = f"{resent / dropped:.2f}" if dropped else "-"
+            print(f"{n:>7}  {rate:>5g}  {seconds:>7.2f}  {slowdown:>10.2f}  {resent:>6}  {dropped:>7}  {ratio:>14}  "
+                  f"{'yes' if exact else 'NO'}")
+    print("slowdown_at_max_loss=" + " ".join(f"{n}w:{rows[-1][2]:.2f}" for n, rows in table.items()))
+    if plot:
+        _plot(plot, table)
+        print(f"plot: {plot}", file=sys.stderr)
+    return 0 if all(r[5] for rows in table.values() for r in rows) else 1
+
+
+def _plot(path: str, table: dict[int, list[tuple[float, float, float, int, int, bool]]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SwitchAggError("--plot needs matplotlib: pip install 'switchagg[bench]'") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n, rows in table.items():
+        ax.plot([r[0] for r in rows], [r[2] for r in rows], "o-", label=f"{n} workers")
+    ax.set(title="allreduce time under loss (K=64)", xlabel="loss per hop (%)", ylabel="time over lossless")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])
