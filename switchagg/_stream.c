@@ -23,13 +23,22 @@
 #include <string.h>
 
 #define MIN_EXPONENT (-127)
+#define LOSS_SHARE (1.0 / 8)  /* protocol.LOSS_SHARE */
+#define BACKOFF_CAP 3          /* protocol.BACKOFF_CAP */
 
 /* protocol.Window's state; the names are its attributes. */
 typedef struct {
-    double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt;
+    double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt,
+        epoch_end, epoch_losses;
     int has_srtt;  /* srtt is None until the first sample */
     long losses, max_size;
 } Win;
+
+/* A doubly linked list of entries: each entry's neighbours, -1 at either end. */
+typedef struct {
+    Py_ssize_t *prev, *next;
+    Py_ssize_t head, tail;
+} List;
 
 typedef struct {
     PyObject_HEAD
@@ -50,13 +59,14 @@ typedef struct {
     long *retries;
     double *last_send, *first_send;
     Py_ssize_t next, n_done, n_in_flight;
-    /* The timers, one per packet in flight: a list in (deadline, t, retries) order, Reduction's heap order. */
+    /* The packets in flight twice over: by timer, in (deadline, t, retries) order (Reduction's heap
+     * order), and by their last send, oldest first (the order of Reduction._outstanding). */
     double *deadline;
-    Py_ssize_t *earlier, *later;  /* per entry: its neighbours in the list, -1 at either end */
-    Py_ssize_t first_timer, last_timer;
+    List timers, sends;
     uint16_t *slot_of;  /* per entry, once fill() reached it: its slot and shadow copy */
     uint8_t *copy_of;
-    Py_ssize_t walk_slot, walk_round;  /* where fill()'s walk of the schedule is: the next data chunk's */
+    Py_ssize_t walk_slot, walk_round;
+    double answered_sent;  /* the latest send of a packet, sent once, whose result came back */  /* where fill()'s walk of the schedule is: the next data chunk's */
     Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
     Py_ssize_t out_head, out_len, out_cap;
     double last_progress, progress_timeout;
@@ -75,17 +85,20 @@ static int unready(const Stream *s) {
 
 /* ---- the window (protocol.Window's methods) ------------------------------------------------- */
 
-static const char *WIN_FIELDS[] = {"cwnd", "ssthresh", "min_rto", "max_rto", "rto", "rttvar",
-                                   "_recovery_until", "_cwnd_before_loss", "min_rtt"};
+#define N_WIN_FIELDS 11
+static const char *WIN_FIELDS[N_WIN_FIELDS] = {"cwnd", "ssthresh", "min_rto", "max_rto", "rto", "rttvar",
+                                               "_recovery_until", "_cwnd_before_loss", "min_rtt", "_epoch_end",
+                                               "_epoch_losses"};
 
 static double *win_slot(Win *w, int i) {
-    double *slots[] = {&w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &w->rttvar,
-                       &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt};
+    double *slots[N_WIN_FIELDS] = {&w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &w->rttvar,
+                                   &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt, &w->epoch_end,
+                                   &w->epoch_losses};
     return slots[i];
 }
 
 static int win_load(Stream *s) {
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < N_WIN_FIELDS; i++) {
         PyObject *v = PyObject_GetAttrString(s->window, WIN_FIELDS[i]);
         if (v == NULL)
             return -1;
@@ -119,7 +132,7 @@ static int set_attr(PyObject *obj, const char *name, PyObject *v) {
 }
 
 static int win_store(Stream *s) {
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < N_WIN_FIELDS; i++)
         if (set_attr(s->window, WIN_FIELDS[i], PyFloat_FromDouble(*win_slot(&s->w, i))) < 0)
             return -1;
     PyObject *srtt = s->w.has_srtt ? PyFloat_FromDouble(s->w.srtt) : Py_NewRef(Py_None);
@@ -153,7 +166,12 @@ static void win_on_result(Win *w, double rtt) {
 
 static void win_on_timeout(Win *w, double now) {
     w->losses += 1;
-    if (now < w->recovery_until)
+    if (now >= w->epoch_end) {
+        w->epoch_end = now + (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto);
+        w->epoch_losses = 0;
+    }
+    w->epoch_losses += 1;
+    if (now < w->recovery_until || w->epoch_losses <= dmax(2.0, w->cwnd * LOSS_SHARE))
         return;
     w->cwnd_before_loss = w->cwnd;
     w->ssthresh = dmax(1.0, w->cwnd / 2);
@@ -229,34 +247,45 @@ static int timer_before(const Stream *s, Py_ssize_t a, Py_ssize_t b) {  /* (dead
     return a < b;  /* one timer per entry, so t decides */
 }
 
-static void timer_set(Stream *s, Py_ssize_t t, double deadline) {
-    s->deadline[t] = deadline;
-    Py_ssize_t after = s->last_timer;
-    while (after >= 0 && timer_before(s, t, after))
-        after = s->earlier[after];
-    Py_ssize_t before = after >= 0 ? s->later[after] : s->first_timer;
-    s->earlier[t] = after;
-    s->later[t] = before;
+/* Put t after entry `after` (-1: at the head). */
+static void list_insert(List *l, Py_ssize_t t, Py_ssize_t after) {
+    Py_ssize_t before = after >= 0 ? l->next[after] : l->head;
+    l->prev[t] = after;
+    l->next[t] = before;
     if (after >= 0)
-        s->later[after] = t;
+        l->next[after] = t;
     else
-        s->first_timer = t;
+        l->head = t;
     if (before >= 0)
-        s->earlier[before] = t;
+        l->prev[before] = t;
     else
-        s->last_timer = t;
+        l->tail = t;
 }
 
-static void timer_clear(Stream *s, Py_ssize_t t) {
-    Py_ssize_t a = s->earlier[t], b = s->later[t];
+static void list_remove(List *l, Py_ssize_t t) {
+    Py_ssize_t a = l->prev[t], b = l->next[t];
     if (a >= 0)
-        s->later[a] = b;
+        l->next[a] = b;
     else
-        s->first_timer = b;
+        l->head = b;
     if (b >= 0)
-        s->earlier[b] = a;
+        l->prev[b] = a;
     else
-        s->last_timer = a;
+        l->tail = a;
+}
+
+static void timer_set(Stream *s, Py_ssize_t t, double deadline) {
+    s->deadline[t] = deadline;
+    Py_ssize_t after = s->timers.tail;
+    while (after >= 0 && timer_before(s, t, after))
+        after = s->timers.prev[after];
+    list_insert(&s->timers, t, after);
+}
+
+/* A packet leaves flight (its result came) or is resent: out of both lists. */
+static void unlist(Stream *s, Py_ssize_t t) {
+    list_remove(&s->timers, t);
+    list_remove(&s->sends, t);
 }
 
 static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
@@ -279,7 +308,9 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
     s->first_send[t] = retries ? s->first_send[t] : now;
     s->last_send[t] = now;
     s->retries[t] = retries;
-    timer_set(s, t, now + win_timeout_for(&s->w, retries));
+    long backoff = s->n_done && retries > BACKOFF_CAP ? BACKOFF_CAP : retries;  /* Reduction._send */
+    timer_set(s, t, now + win_timeout_for(&s->w, backoff));
+    list_insert(&s->sends, t, s->sends.tail);
     return 0;
 }
 
@@ -372,7 +403,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         return 0;
     s->in_flight[t] = 0;
     s->n_in_flight--;
-    timer_clear(s, t);
+    unlist(s, t);
     s->done[t] = 1;
     s->n_done++;
     s->agreed[t] = (int8_t)p[OFF_EXPONENT];
@@ -390,6 +421,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     double sent = s->last_send[t];
     if (s->retries[t] == 0) {
         win_on_result(&s->w, now - sent);
+        s->answered_sent = dmax(s->answered_sent, sent);
     } else if (now - sent < s->w.min_rtt) {  /* spurious: the original's result (Window.is_spurious) */
         win_undo(&s->w);
         win_on_result(&s->w, now - s->first_send[t]);
@@ -453,11 +485,24 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
+/* The packet to resend next and when (Reduction._next_loss): the oldest sent, at once, when a packet
+ * sent a reorder window after it has its result back (RACK); else the first timer's at its deadline. */
+static Py_ssize_t next_loss(const Stream *s, double *when) {
+    Py_ssize_t oldest = s->sends.head;
+    if (oldest >= 0 && s->last_send[oldest] + s->w.min_rtt / 4 <= s->answered_sent) {
+        *when = s->answered_sent;
+        return oldest;
+    }
+    *when = s->timers.head >= 0 ? s->deadline[s->timers.head] : INFINITY;
+    return s->timers.head;
+}
+
 static PyObject *Stream_next_deadline(Stream *s, PyObject *Py_UNUSED(ignored)) {
     if (unready(s))
         return NULL;
-    double stall = s->last_progress + s->progress_timeout;
-    return PyFloat_FromDouble(s->first_timer >= 0 ? dmin(s->deadline[s->first_timer], stall) : stall);
+    double when;
+    next_loss(s, &when);
+    return PyFloat_FromDouble(dmin(when, s->last_progress + s->progress_timeout));
 }
 
 PyDoc_STRVAR(tick_doc,
@@ -474,9 +519,9 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
     if (now - s->last_progress >= s->progress_timeout && s->n_done < s->total)
         Py_RETURN_TRUE;
     int changed = 0;
-    while (s->first_timer >= 0 && s->deadline[s->first_timer] <= now) {
-        Py_ssize_t t = s->first_timer;
-        timer_clear(s, t);
+    double when;
+    for (Py_ssize_t t = next_loss(s, &when); t >= 0 && when <= now; t = next_loss(s, &when)) {
+        unlist(s, t);
         if (s->n_done)  /* before a call's first result, silence means peers still on their way to it */
             win_on_timeout(&s->w, now);
         s->retransmissions++;
@@ -568,12 +613,15 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->last_send = calloc(total, sizeof(double));
     s->first_send = calloc(total, sizeof(double));
     s->deadline = malloc(total * sizeof(double));
-    s->earlier = malloc(total * sizeof(Py_ssize_t));
-    s->later = malloc(total * sizeof(Py_ssize_t));
+    Py_ssize_t *links[4];
+    for (int i = 0; i < 4; i++)
+        links[i] = malloc(total * sizeof(Py_ssize_t));
+    s->timers = (List){links[0], links[1], -1, -1};
+    s->sends = (List){links[2], links[3], -1, -1};
     s->slot_of = malloc(total * sizeof(uint16_t));
     s->copy_of = malloc(total);
-    s->first_timer = s->last_timer = -1;
-    if (!s->slot_of || !s->copy_of || !s->deadline || !s->earlier || !s->later || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
+    s->answered_sent = -INFINITY;
+    if (!s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
             || !s->first_send) {
         PyErr_NoMemory();
         goto done;
@@ -619,8 +667,10 @@ static void Stream_dealloc(Stream *s) {
     free(s->deadline);
     free(s->slot_of);
     free(s->copy_of);
-    free(s->earlier);
-    free(s->later);
+    free(s->timers.prev);
+    free(s->timers.next);
+    free(s->sends.prev);
+    free(s->sends.next);
     free(s->outbox);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }

@@ -77,12 +77,19 @@ class Payloads(Protocol):
         """Store the summed data chunk ``chunk`` (quantized with ``exponent``): K big-endian int32."""
 
 
+LOSS_SHARE = 1 / 8  # losses within a round trip, as a share of the window, that read as congestion
+BACKOFF_CAP = 3  # once a call has results, a packet's timeout doubles at most this often
+
+
 class Window:
     """AIMD congestion window and a Jacobson/Karels retransmission timeout.
 
     It lives as long as the client, so a call starts with what the last one learned.
-    Slow start doubles the window each round trip until the first loss; after that
-    it grows by one per round trip and halves on a timeout, at most once per round trip.
+    Slow start doubles the window each round trip until the first congestion; after that
+    it grows by one per round trip. Random loss is not congestion: the window halves only
+    when more than :data:`LOSS_SHARE` of it (and more than two packets) is lost within one
+    round trip, and then at most once per round trip, so a few percent of loss never
+    collapses it.
     """
 
     def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.05,
@@ -98,6 +105,8 @@ class Window:
         self._cwnd_before_loss = self.cwnd
         self.min_rtt = math.inf
         self.losses = 0
+        self._epoch_end = -math.inf  # the round trip whose losses are being counted ends here
+        self._epoch_losses = 0
 
     @property
     def size(self) -> int:
@@ -128,10 +137,24 @@ class Window:
         self.cwnd = max(self.cwnd, self._cwnd_before_loss)
         self.ssthresh = max(self.ssthresh, self._cwnd_before_loss)
 
+    @property
+    def reorder_window(self) -> float:
+        """How much later a packet must have been sent than one whose result is back, for its own
+        missing result to mean it was lost: a quarter of the shortest round trip (RACK)."""
+        return self.min_rtt / 4
+
     def on_timeout(self, now: float) -> None:
-        """A packet timed out: halve the window, once per round trip of losses."""
+        """A packet was lost (its timer fired, or later packets' results came first).
+
+        Counted; the window halves only when the round trip's losses exceed :data:`LOSS_SHARE`
+        of it, once per round trip.
+        """
         self.losses += 1
-        if now < self._recovery_until:
+        if now >= self._epoch_end:
+            self._epoch_end = now + (self.srtt or self.rto)
+            self._epoch_losses = 0
+        self._epoch_losses += 1
+        if now < self._recovery_until or self._epoch_losses <= max(2.0, self.cwnd * LOSS_SHARE):
             return
         self._cwnd_before_loss = self.cwnd
         self.ssthresh = max(1.0, self.cwnd / 2)
@@ -189,6 +212,7 @@ class Reduction:
         self.progress_timeout = progress_timeout
         self.started = started
         self.retransmissions = 0
+        self._answered_sent = -math.inf  # the latest send of a packet, sent once, whose result came back
         self._fill(now)
 
     # ---- the schedule ----------------------------------------------------------------------------
@@ -250,9 +274,12 @@ class Reduction:
 
     def _send(self, t: int, now: float, retries: int) -> None:
         self.outbox.append(self._packet(t))
-        first = self._outstanding[t][2] if retries else now
-        self._outstanding[t] = [now, retries, first]
-        heapq.heappush(self._timers, (now + self.window.timeout_for(retries), t, retries))
+        first = self._outstanding.pop(t)[2] if retries else now
+        self._outstanding[t] = [now, retries, first]  # at the end: the dict is in order of last send
+        # Full backoff while the job has not answered yet (peers may still be starting); after, a
+        # bounded one, so that a packet lost twice is not left waiting for a second on a live job.
+        backoff = min(retries, BACKOFF_CAP) if self.n_done else retries
+        heapq.heappush(self._timers, (now + self.window.timeout_for(backoff), t, retries))
 
     def _fill(self, now: float) -> None:
         while (self._next < self.total and len(self._outstanding) < self.window.size
@@ -298,6 +325,7 @@ class Reduction:
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
         if retries == 0:
             self.window.on_result(now - sent)
+            self._answered_sent = max(self._answered_sent, sent)
         elif self.window.is_spurious(now - sent):
             self.window.undo()
             self.window.on_result(now - first)  # the original's true round trip
@@ -307,29 +335,43 @@ class Reduction:
         self._fill(now)
         return True
 
-    def next_deadline(self) -> float:
-        """When :meth:`tick` has something to do: a retransmission or the progress timeout."""
+    def _first_timer(self) -> tuple[float, int, int] | None:
+        """The live timer that fires first (stale ones, of packets answered or resent, are dropped)."""
         while self._timers:
             deadline, t, retries = self._timers[0]
             entry = self._outstanding.get(t)
             if entry is not None and entry[1] == retries:
-                return min(deadline, self.last_progress + self.progress_timeout)
+                return self._timers[0]
             heapq.heappop(self._timers)
-        return self.last_progress + self.progress_timeout
+        return None
+
+    def _next_loss(self) -> tuple[int, float] | None:
+        """The packet to resend next, and when: the oldest sent, at once, when a packet sent a
+        reorder window after it has its result back (it was lost: RACK); else the first timer's,
+        at its deadline."""
+        if self._outstanding:
+            oldest = next(iter(self._outstanding))
+            if self._outstanding[oldest][0] + self.window.reorder_window <= self._answered_sent:
+                return oldest, self._answered_sent
+        timer = self._first_timer()
+        return None if timer is None else (timer[1], timer[0])
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do: a retransmission or the progress timeout."""
+        stall = self.last_progress + self.progress_timeout
+        loss = self._next_loss()
+        return stall if loss is None else min(loss[1], stall)
 
     def tick(self, now: float) -> None:
-        """Retransmit what timed out; raise if progress stopped for too long."""
+        """Retransmit what is lost or timed out; raise if progress stopped for too long."""
         if now - self.last_progress >= self.progress_timeout and not self.done:
             raise self._stall_error(now)
-        while self._timers and self._timers[0][0] <= now:
-            _, t, retries = heapq.heappop(self._timers)
-            entry = self._outstanding.get(t)
-            if entry is None or entry[1] != retries:
-                continue
+        while (loss := self._next_loss()) is not None and loss[1] <= now:
+            t = loss[0]
             if self.n_done:  # before a call's first result, silence means peers still on their way to it
                 self.window.on_timeout(now)
             self.retransmissions += 1
-            self._send(t, now, retries + 1)
+            self._send(t, now, self._outstanding[t][1] + 1)  # its old timer goes stale
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""

@@ -128,20 +128,69 @@ def test_job_never_starting_raises_job_not_started_after_start_timeout(impl):
     assert w.sent <= 4 * (60 + 5)
 
 
-def test_window_backs_off_on_loss_and_grows_back():
+def test_window_backs_off_on_congestion_and_grows_back():
     win = Window(max_size=64, initial=4)
     for _ in range(60):  # slow start: +1 per result, i.e. doubling per round trip
         win.on_result(0.001)
     assert win.cwnd == 64
-    win.on_timeout(now=1.0)
+    for _ in range(8):  # an eighth of the window lost within a round trip: random loss, not congestion
+        win.on_timeout(now=1.0)
+    assert win.cwnd == 64
+    win.on_timeout(now=1.0)  # more: congestion
     assert win.cwnd == 32
-    win.on_timeout(now=1.0)  # same round trip: one reduction only
+    for _ in range(20):
+        win.on_timeout(now=1.0)  # same round trip: one reduction only
     assert win.cwnd == 32
     for _ in range(100):
         win.on_result(0.001)
     assert 32 < win.cwnd <= 64
     assert win.min_rto <= win.rto <= win.max_rto
     assert win.timeout_for(10) == win.max_rto
+
+
+def test_scattered_losses_never_collapse_the_window():
+    """A loss every few round trips, for a long time: the window stays where the results keep it."""
+    win = Window(max_size=64, initial=64)
+    now = 0.0
+    for i in range(2000):
+        now += 0.001
+        win.on_result(0.001)
+        if i % 7 == 0:
+            win.on_timeout(now)
+    assert win.cwnd == 64 and win.losses > 250
+
+
+def test_a_packet_whose_successors_came_back_is_resent_before_its_timeout(impl):
+    """RACK: results for packets sent a reorder window after a lost one mean it was lost."""
+    job = Job(n=1, slots=8, k=16)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    x = np.arange(16 * 8, dtype=np.int32)
+    out = np.empty_like(x)
+    from switchagg.payloads import Int32Payloads
+    from switchagg.wire import datagram_size
+
+    window = Window(8, initial=2)
+    red = IMPLEMENTATIONS[impl](job.params(0), window, Int32Payloads(x, out, 16), n_chunks=8, first_id=0,
+                                copies=np.zeros(8, np.int64), now=0.0, progress_timeout=5.0)
+    rows = np.empty((8, datagram_size(16)), np.uint8)
+
+    def answer(n: int, now: float, drop: set[int]) -> None:
+        sums = [e.payload() for i, row in enumerate(rows[:n]) if i not in drop
+                for e in model.process(row.tobytes(), job.address(0))]
+        data = b"".join(sums)
+        size = datagram_size(16)
+        red.receive_batch(data, (size * np.arange(len(sums))).astype(np.uint32),
+                          np.full(len(sums), size, np.uint32), now)
+
+    answer(red.emit(rows), 0.010, drop={0})  # chunk 0 lost; chunk 1's result comes back at 10 ms
+    assert red.next_deadline() > 0.010  # nothing sent after chunk 0 has come back yet
+    sent = red.emit(rows)  # the window grew: chunks 2 and 3, sent at 10 ms
+    answer(sent, 0.020, drop=set())
+    assert red.next_deadline() <= 0.020 < 0.1  # chunk 0 is lost: due now, not at its 100 ms timeout
+    red.tick(0.020)
+    assert red.retransmissions == 1
+    assert red.pending()[0][0] == 0
 
 
 def test_window_paces_a_slow_switch(impl):
@@ -179,7 +228,8 @@ def test_spurious_timeout_is_undone():
     win = Window(max_size=32, initial=16)
     win.on_result(0.010)  # min_rtt 10 ms
     before = win.cwnd
-    win.on_timeout(now=1.0)
+    for _ in range(3):  # a peer descheduled: everything in flight times out at once
+        win.on_timeout(now=1.0)
     assert win.cwnd == before / 2
     assert not win.is_spurious(0.012)  # as late as a round trip: the retransmission may have done it
     assert win.is_spurious(0.002)  # sooner than any round trip: the original's result
