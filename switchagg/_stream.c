@@ -25,6 +25,7 @@
 #define MIN_EXPONENT (-127)
 #define LOSS_SHARE (1.0 / 8)  /* protocol.LOSS_SHARE */
 #define BACKOFF_CAP 3          /* protocol.BACKOFF_CAP */
+#define MIN_PROBE 0.01        /* protocol.MIN_PROBE */
 
 /* protocol.Window's state; the names are its attributes. */
 typedef struct {
@@ -65,8 +66,9 @@ typedef struct {
     List timers, sends;
     uint16_t *slot_of;  /* per entry, once fill() reached it: its slot and shadow copy */
     uint8_t *copy_of;
-    Py_ssize_t walk_slot, walk_round;
-    double answered_sent;  /* the latest send of a packet, sent once, whose result came back */  /* where fill()'s walk of the schedule is: the next data chunk's */
+    Py_ssize_t walk_slot, walk_round;  /* where fill()'s walk of the schedule is: the next data chunk's */
+    double answered_sent;  /* the latest send of a packet, sent once, whose result came back */
+    long probes;           /* tail loss probes sent since the last new result */
     Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
     Py_ssize_t out_head, out_len, out_cap;
     double last_progress, progress_timeout;
@@ -427,6 +429,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         win_on_result(&s->w, now - s->first_send[t]);
     }
     s->last_progress = now;
+    s->probes = 0;
     s->started = 1;
     return fill(s, now) < 0 ? -1 : 1;
 }
@@ -485,23 +488,43 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
-/* The packet to resend next and when (Reduction._next_loss): the oldest sent, at once, when a packet
- * sent a reorder window after it has its result back (RACK); else the first timer's at its deadline. */
-static Py_ssize_t next_loss(const Stream *s, double *when) {
+/* Window.probe_timeout */
+static double probe_timeout(const Win *w) {
+    return dmax(MIN_PROBE, 2 * (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto));
+}
+
+/* The packet to resend next, when, and whether as a probe (Reduction._next_loss); -1 when none. */
+static Py_ssize_t next_loss(const Stream *s, double *when, int *probe) {
     Py_ssize_t oldest = s->sends.head;
-    if (oldest >= 0 && s->last_send[oldest] + s->w.min_rtt / 4 <= s->answered_sent) {
-        *when = s->answered_sent;
-        return oldest;
+    *probe = 0;
+    *when = INFINITY;
+    double probe_at = INFINITY;
+    if (oldest >= 0) {
+        if (s->last_send[oldest] + s->w.min_rtt / 4 <= s->answered_sent) {
+            *when = s->answered_sent;
+            return oldest;
+        }
+        if (s->n_done)
+            probe_at = s->last_progress + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
     }
-    *when = s->timers.head >= 0 ? s->deadline[s->timers.head] : INFINITY;
-    return s->timers.head;
+    Py_ssize_t timer = s->timers.head;
+    if (timer >= 0 && (probe_at == INFINITY || s->deadline[timer] <= probe_at)) {
+        *when = s->deadline[timer];
+        return timer;
+    }
+    if (probe_at == INFINITY)
+        return -1;
+    *when = probe_at;
+    *probe = 1;
+    return oldest;
 }
 
 static PyObject *Stream_next_deadline(Stream *s, PyObject *Py_UNUSED(ignored)) {
     if (unready(s))
         return NULL;
     double when;
-    next_loss(s, &when);
+    int probe;
+    next_loss(s, &when, &probe);
     return PyFloat_FromDouble(dmin(when, s->last_progress + s->progress_timeout));
 }
 
@@ -520,7 +543,9 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
         Py_RETURN_TRUE;
     int changed = 0;
     double when;
-    for (Py_ssize_t t = next_loss(s, &when); t >= 0 && when <= now; t = next_loss(s, &when)) {
+    int probe;
+    for (Py_ssize_t t = next_loss(s, &when, &probe); t >= 0 && when <= now; t = next_loss(s, &when, &probe)) {
+        s->probes += probe;
         unlist(s, t);
         if (s->n_done)  /* before a call's first result, silence means peers still on their way to it */
             win_on_timeout(&s->w, now);

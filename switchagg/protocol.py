@@ -79,6 +79,7 @@ class Payloads(Protocol):
 
 LOSS_SHARE = 1 / 8  # losses within a round trip, as a share of the window, that read as congestion
 BACKOFF_CAP = 3  # once a call has results, a packet's timeout doubles at most this often
+MIN_PROBE = 0.01  # s: the shortest silence after which a call with results probes (Window.probe_timeout)
 
 
 class Window:
@@ -136,6 +137,12 @@ class Window:
     def undo(self) -> None:
         self.cwnd = max(self.cwnd, self._cwnd_before_loss)
         self.ssthresh = max(self.ssthresh, self._cwnd_before_loss)
+
+    @property
+    def probe_timeout(self) -> float:
+        """Silence, after a result, that makes a call resend its oldest packet (a tail loss probe):
+        two smoothed round trips, at least :data:`MIN_PROBE`."""
+        return max(MIN_PROBE, 2 * (self.srtt or self.rto))
 
     @property
     def reorder_window(self) -> float:
@@ -213,6 +220,7 @@ class Reduction:
         self.started = started
         self.retransmissions = 0
         self._answered_sent = -math.inf  # the latest send of a packet, sent once, whose result came back
+        self._probes = 0  # tail loss probes sent since the last new result
         self._fill(now)
 
     # ---- the schedule ----------------------------------------------------------------------------
@@ -331,6 +339,7 @@ class Reduction:
             self.window.on_result(now - first)  # the original's true round trip
         # else: ambiguous (Karn): learn nothing from it
         self.last_progress = now
+        self._probes = 0
         self.started = True
         self._fill(now)
         return True
@@ -345,16 +354,26 @@ class Reduction:
             heapq.heappop(self._timers)
         return None
 
-    def _next_loss(self) -> tuple[int, float] | None:
-        """The packet to resend next, and when: the oldest sent, at once, when a packet sent a
-        reorder window after it has its result back (it was lost: RACK); else the first timer's,
-        at its deadline."""
+    def _next_loss(self) -> tuple[int, float, bool] | None:
+        """The packet to resend next, when, and whether as a probe.
+
+        The oldest sent, at once, when a packet sent a reorder window after it has its result
+        back: it was lost (RACK). Else the earlier of its probe (once the call has results and
+        then fell silent for :attr:`Window.probe_timeout`, doubling per probe: a lost packet with
+        no successor to reveal it, at a call's tail or behind a full window, is resent without
+        waiting out the RTO, one packet at a time) and the first timer's deadline.
+        """
+        probe = None
         if self._outstanding:
             oldest = next(iter(self._outstanding))
             if self._outstanding[oldest][0] + self.window.reorder_window <= self._answered_sent:
-                return oldest, self._answered_sent
+                return oldest, self._answered_sent, False
+            if self.n_done:
+                probe = (oldest, self.last_progress + self.window.probe_timeout * 2.0 ** self._probes, True)
         timer = self._first_timer()
-        return None if timer is None else (timer[1], timer[0])
+        if timer is not None and (probe is None or timer[0] <= probe[1]):
+            return timer[1], timer[0], False
+        return probe
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has something to do: a retransmission or the progress timeout."""
@@ -363,11 +382,12 @@ class Reduction:
         return stall if loss is None else min(loss[1], stall)
 
     def tick(self, now: float) -> None:
-        """Retransmit what is lost or timed out; raise if progress stopped for too long."""
+        """Retransmit what is lost, timed out or probed; raise if progress stopped for too long."""
         if now - self.last_progress >= self.progress_timeout and not self.done:
             raise self._stall_error(now)
         while (loss := self._next_loss()) is not None and loss[1] <= now:
-            t = loss[0]
+            t, _, probe = loss
+            self._probes += probe
             if self.n_done:  # before a call's first result, silence means peers still on their way to it
                 self.window.on_timeout(now)
             self.retransmissions += 1

@@ -160,37 +160,56 @@ def test_scattered_losses_never_collapse_the_window():
     assert win.cwnd == 64 and win.losses > 250
 
 
-def test_a_packet_whose_successors_came_back_is_resent_before_its_timeout(impl):
-    """RACK: results for packets sent a reorder window after a lost one mean it was lost."""
-    job = Job(n=1, slots=8, k=16)
-    model = SwitchModel(16)
-    model.add_job(job.entry())
-    x = np.arange(16 * 8, dtype=np.int32)
-    out = np.empty_like(x)
+def _one_worker_call(impl: str, n_chunks: int):
+    """A call of a 1-worker job (each contribution is its own sum) and a switch to answer it by hand."""
     from switchagg.payloads import Int32Payloads
     from switchagg.wire import datagram_size
 
-    window = Window(8, initial=2)
-    red = IMPLEMENTATIONS[impl](job.params(0), window, Int32Payloads(x, out, 16), n_chunks=8, first_id=0,
-                                copies=np.zeros(8, np.int64), now=0.0, progress_timeout=5.0)
+    job = Job(n=1, slots=8, k=16)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    x = np.arange(16 * n_chunks, dtype=np.int32)
+    red = IMPLEMENTATIONS[impl](job.params(0), Window(8, initial=2), Int32Payloads(x, np.empty_like(x), 16),
+                                n_chunks=n_chunks, first_id=0, copies=np.zeros(8, np.int64), now=0.0,
+                                progress_timeout=5.0)
     rows = np.empty((8, datagram_size(16)), np.uint8)
+    size = datagram_size(16)
 
-    def answer(n: int, now: float, drop: set[int]) -> None:
+    def send_and_answer(now: float, drop: set[int]) -> None:
+        """Everything due goes out; what is not dropped comes back at ``now``."""
+        n = red.emit(rows)
         sums = [e.payload() for i, row in enumerate(rows[:n]) if i not in drop
                 for e in model.process(row.tobytes(), job.address(0))]
-        data = b"".join(sums)
-        size = datagram_size(16)
-        red.receive_batch(data, (size * np.arange(len(sums))).astype(np.uint32),
+        red.receive_batch(b"".join(sums), (size * np.arange(len(sums))).astype(np.uint32),
                           np.full(len(sums), size, np.uint32), now)
 
-    answer(red.emit(rows), 0.010, drop={0})  # chunk 0 lost; chunk 1's result comes back at 10 ms
+    return red, send_and_answer
+
+
+def test_a_packet_whose_successors_came_back_is_resent_before_its_timeout(impl):
+    """RACK: results for packets sent a reorder window after a lost one mean it was lost."""
+    red, send_and_answer = _one_worker_call(impl, 8)
+    send_and_answer(0.010, drop={0})  # chunk 0 lost; chunk 1's result comes back at 10 ms
     assert red.next_deadline() > 0.010  # nothing sent after chunk 0 has come back yet
-    sent = red.emit(rows)  # the window grew: chunks 2 and 3, sent at 10 ms
-    answer(sent, 0.020, drop=set())
+    send_and_answer(0.020, drop=set())  # the window grew: chunks 2 and 3, sent at 10 ms, come back
     assert red.next_deadline() <= 0.020 < 0.1  # chunk 0 is lost: due now, not at its 100 ms timeout
     red.tick(0.020)
     assert red.retransmissions == 1
     assert red.pending()[0][0] == 0
+
+
+def test_a_lost_last_packet_is_probed_before_its_timeout(impl):
+    """A call's last packet has no successor to reveal its loss: after two round trips of silence
+    the oldest outstanding packet is resent once (a tail loss probe), long before the RTO."""
+    red, send_and_answer = _one_worker_call(impl, 2)
+    send_and_answer(0.010, drop={0})  # chunk 0 lost, chunk 1 back at 10 ms; nothing left to send
+    probe = red.next_deadline()
+    assert 0.010 < probe <= 0.010 + max(0.01, 2 * 0.010) < 0.1
+    red.tick(probe)
+    assert red.retransmissions == 1
+    assert red.next_deadline() > probe  # the next probe waits twice as long
+    send_and_answer(probe + 0.010, drop=set())
+    assert red.done
 
 
 def test_window_paces_a_slow_switch(impl):
