@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -277,6 +280,32 @@ def test_killed_worker_makes_others_fail_fast(make_job):
         assert isinstance(exc, StallError)
         assert took < 5.0
         assert "waits for workers [2]" in str(exc)
+
+
+def test_a_worker_paused_for_two_seconds_is_waited_for_not_failed(soft_switch, tmp_path):
+    """SIGSTOP for 2 s, then SIGCONT: the others retransmit and wait (the stall timeout is 5 s), and
+    every rank finishes every call with a correct sum. Faster loss recovery must not turn a slow
+    peer into a dead one."""
+    cfg = loopback_config(3, switch_port=soft_switch.address[1], control=soft_switch.control_address[1], k=64)
+    soft_switch.add_job(cfg)
+    path = cfg.write(tmp_path / "job.toml")
+    workers = [subprocess.Popen([sys.executable, "-m", "switchagg", "worker", "--config", str(path), "--rank",
+                                 str(r), "--size", "300000", "--rounds", "40"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    try:
+        first = workers[1].stdout.readline()  # rank 1 has finished a call: the job runs
+        assert first.startswith("round 0:"), first
+        workers[1].send_signal(signal.SIGSTOP)
+        time.sleep(2.0)
+        workers[1].send_signal(signal.SIGCONT)
+        outputs = [first + w.communicate(timeout=120)[0] for w in workers[1:2]]
+        outputs += [w.communicate(timeout=120)[0] for w in (workers[0], workers[2])]
+    finally:
+        for w in workers:
+            w.kill()
+    assert [w.returncode for w in workers] == [0, 0, 0], outputs
+    for out in outputs:
+        assert out.count("within the bound") == 40, out
 
 
 def test_no_switch_means_job_not_started_quickly():
