@@ -24,7 +24,7 @@
 #define NAME 16  /* sizeof(struct sockaddr_in) */
 #define N_JOBS 65536
 
-enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, N_GLOBAL };  /* counters.GlobalDrop */
+enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, IP_OPTIONS, FRAGMENT, N_GLOBAL };  /* counters.GlobalDrop */
 enum {  /* counters.JobCounter */
     CONTRIBUTIONS, RESULTS_MULTICAST, RESULTS_UNICAST, PROBES, WRONG_GENERATION, SLOT_OUT_OF_RANGE, BAD_COUNT,
     STALE, DUPLICATE_PENDING, N_JOB_COUNTERS

@@ -59,14 +59,23 @@ class Differential:
         parsed = [(i, frames.parse(data)) for i, data in netns.incoming(self.socks, wait)]
         return [(i, f) for i, f in parsed if f is not None]
 
+    def frame(self, host: int, payload: bytes, src: tuple[str, int] | None = None) -> bytes:
+        """``payload`` as UDP from ``host`` (``src``: its address and port) to the switch."""
+        bed = self.bed
+        return frames.build(bed.host_mac(host), bed.switch_mac, src or (bed.host_ip(host), 40000),
+                            (bed.switch_ip, 16711), payload)
+
     def send(self, host: int, payload: bytes, src: tuple[str, int] | None = None) -> list:
         """Inject ``payload`` as UDP from ``host``; assert BMv2 and the model emit the same; return it."""
+        return self.send_frame(host, self.frame(host, payload, src))
+
+    def send_frame(self, host: int, frame: bytes) -> list:
+        """Inject ``frame`` from ``host``; assert BMv2 and the model emit the same; return it."""
         bed = self.bed
-        src = src or (bed.host_ip(host), 40000)
         expected = sorted(
             (self.by_ip[e.dst[0]], mac_bytes(bed.host_mac(self.by_ip[e.dst[0]])), e.dst, e.payload())
-            for e in self.model.process(payload, src))
-        self.socks[host].send(frames.build(bed.host_mac(host), bed.switch_mac, src, (bed.switch_ip, 16711), payload))
+            for e in self.model.process_frame(frame))
+        self.socks[host].send(frame)
         got = []
         deadline = time.monotonic() + 3.0
         while len(got) < len(expected) and time.monotonic() < deadline:
@@ -202,16 +211,18 @@ def test_other_frames_are_forwarded_unchanged_and_runts_dropped(diff):
     udp = frames.build(host_mac[0], host_mac[1], (bed.host_ip(0), 5000), (bed.host_ip(1), 5001), b"not switchagg")
     udp = udp[:24] + b"\x00\x00" + udp[26:]  # a wrong IPv4 checksum: a switch forwards it, it does not mend it
     tcp = udp[:23] + b"\x06" + udp[24:]
+    fragment, options = frames.rewrite_ip(udp, fragment=0x2001), frames.rewrite_ip(udp, options=bytes(4))  # to a host
     arp = mac_bytes("ff:ff:ff:ff:ff:ff") + mac_bytes(host_mac[0]) + b"\x08\x06" + bytes(28)
     runt = mac_bytes(host_mac[1]) + mac_bytes(host_mac[0]) + b"\x88\xb5" + bytes(20)  # 34 bytes
     before = diff.bmv2.read_status(diff.jobs[1], bed.grpc_addr)["counters"]
-    for frame in (udp, tcp, arp, runt):
+    sent = (udp, tcp, fragment, options, arp, runt)
+    for frame in sent:
         diff.socks[0].send(frame)
     got, deadline = [], time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        got += [(h, f) for h, f in netns.incoming(diff.socks, 0.05) if f in (udp, tcp, arp, runt)]
+        got += [(h, f) for h, f in netns.incoming(diff.socks, 0.05) if f in sent]
     flooded = sorted({w.switch_port for cfg in diff.jobs.values() for w in cfg.workers} - {0})
-    assert sorted(got) == sorted([(1, udp), (1, tcp)] + [(h, arp) for h in flooded])
+    assert sorted(got) == sorted([(1, f) for f in (udp, tcp, fragment, options)] + [(h, arp) for h in flooded])
     assert diff.bmv2.read_status(diff.jobs[1], bed.grpc_addr)["counters"] == before
 
 
@@ -236,6 +247,97 @@ def test_seeded_random_sequences_with_loss_duplication_reordering(diff, seed):
     rng.shuffle(packets)
     for p in packets:
         send(diff, p)
+    diff.check_counters()
+
+
+def test_counts_whose_length_wraps_around_16_bits_are_malformed(diff):
+    """24 + 4 * count taken in 16 bits would give a count 16384 higher the same length: bad_count, not malformed."""
+    send(diff, contrib(diff, 2, 0, 60, slot=3, values=[], count=0x4000))
+    send(diff, contrib(diff, 2, 0, 60, slot=3, count=0x4000 + K))
+    send(diff, contrib(diff, 2, 0, 60, slot=3, count=0xC000 + K))
+    w = diff.jobs[2].workers[0]
+    probe = make_header(PacketType.PROBE, job=2, worker=0, key=diff.jobs[2].key, count=0x4000).pack()
+    diff.send(w.switch_port, probe, w.address.tuple)
+    diff.check_counters()
+
+
+def test_a_frame_counts_only_the_datagram_its_lengths_say(diff):
+    host, payload, src = contrib(diff, 2, 0, 61, slot=3, version=2)
+    diff.send_frame(host, diff.frame(host, payload[:20], src) + bytes(8))  # the version byte lies past the datagram
+    for rank in range(2):  # what the frame holds past the datagram is not summed
+        host, payload, src = contrib(diff, 2, rank, 61, slot=3)
+        out = diff.send_frame(host, diff.frame(host, payload, src) + b"trailer")
+    assert len(out) == 2
+    whole = diff.frame(host, payload, src)
+    diff.send_frame(host, whole[:-1])  # the frame ends before the datagram
+    diff.send_frame(host, frames.rewrite_ip(whole, ip_length=len(whole) - 14 - 4))  # IPv4 and UDP lengths disagree
+    w = diff.jobs[2].workers[1]
+    probe = make_header(PacketType.PROBE, job=2, worker=1, key=diff.jobs[2].key).pack()
+    assert len(diff.send_frame(w.switch_port, diff.frame(w.switch_port, probe, w.address.tuple) + bytes(30))) == 1
+    diff.check_counters()
+
+
+def test_ip_options_and_fragments_sent_to_the_switch_are_counted(diff):
+    host, payload, src = contrib(diff, 2, 0, 62, slot=3)
+    whole = diff.frame(host, payload, src)
+    for ip in ({"options": bytes(4)}, {"options": b"\x94\x04\x00\x00" * 10}, {"options": bytes(8), "fragment": 0x2000},
+               {"fragment": 0x2000}, {"fragment": 0x6000}, {"fragment": 0x0001}, {"fragment": 0x4020}):
+        assert diff.send_frame(host, frames.rewrite_ip(whole, **ip)) == []
+    diff.check_counters()
+
+
+def test_replies_to_a_wrong_ip_checksum_carry_a_right_one(diff):
+    """Incoming IPv4 checksums are not verified; a reply's is worked out afresh (send checks every frame's)."""
+    w = diff.jobs[2].workers[1]
+    probe = diff.frame(w.switch_port, make_header(PacketType.PROBE, job=2, worker=1, key=diff.jobs[2].key).pack(),
+                       w.address.tuple)
+    probe = probe[:15] + b"\x2e" + probe[16:18] + b"\xbe\xef" + probe[20:22] + b"\x07" + probe[23:]  # DSCP, id, TTL
+    for checksum in (0x0BAD, 0xFFFF, 0):
+        assert len(diff.send_frame(w.switch_port, frames.rewrite_ip(probe, checksum=checksum))) == 1
+    packets = [contrib(diff, 2, rank, 63, slot=2, copy=1) for rank in range(2)]
+    for rank, (host, payload, src) in enumerate(packets):  # summed as they are
+        diff.send_frame(host, frames.rewrite_ip(diff.frame(host, payload, src), checksum=rank + 1))
+    host, payload, src = packets[0]
+    assert len(diff.send_frame(host, frames.rewrite_ip(diff.frame(host, payload, src), checksum=0x1234))) == 1
+    diff.check_counters()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_seeded_fuzzed_headers_and_frames(diff, seed):
+    """Flipped header bits, counts that wrap, truncations, trailers, IPv4 options, fragments and wrong
+    checksums among a job's contributions and probes."""
+    rng = random.Random(100 + seed)
+    cfg = diff.jobs[2]
+    for i in range(120):
+        rank = rng.randrange(2)
+        if rng.random() < 0.1:
+            w = cfg.workers[rank]
+            host, payload, src = w.switch_port, make_header(PacketType.PROBE, job=2, worker=rank, key=cfg.key).pack(), \
+                w.address.tuple
+        else:
+            host, payload, src = contrib(diff, 2, rank, 1000 + 10 * seed + i // 8, slot=i % 4, copy=i // 4 % 2,
+                                         values=[rng.randrange(-2**31, 2**31) for _ in range(K)])
+        roll = rng.random()
+        if roll < 0.3:
+            b = bytearray(payload)
+            b[rng.randrange(24)] ^= 1 << rng.randrange(8)
+            payload = bytes(b)
+        elif roll < 0.4:
+            count = (int.from_bytes(payload[22:24], "big") + 0x4000 * rng.randrange(1, 4)) & 0xFFFF
+            payload = payload[:22] + count.to_bytes(2, "big") + payload[24:]
+        elif roll < 0.5:
+            payload = payload[:rng.randrange(len(payload))]
+        frame = diff.frame(host, payload, src)
+        roll = rng.random()
+        if roll < 0.1:
+            frame += rng.randbytes(rng.randrange(1, 40))
+        elif roll < 0.15:
+            frame = frames.rewrite_ip(frame, options=bytes(4 * rng.randrange(1, 11)))
+        elif roll < 0.2:
+            frame = frames.rewrite_ip(frame, fragment=rng.choice([0x2000, 0x0001, 0x20FF]))
+        elif roll < 0.3:
+            frame = frames.rewrite_ip(frame, checksum=rng.randrange(0x10000))
+        diff.send_frame(host, frame)
     diff.check_counters()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from switchagg import wire
 from switchagg.config import Endpoint
 from switchagg.control import bmv2
+from switchagg.control.frames import ipv4_checksum
 from switchagg.errors import ConfigError
 from switchagg.local import loopback_job
 from switchagg.switch.counters import GlobalDrop, JobCounter
@@ -63,6 +65,30 @@ def test_constants_match():
     assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
     assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
     assert c["SA_NUM_JOB_IDS"] == 1 << wire.FIELDS[[f.name for f in wire.FIELDS].index("job")].bits
+
+
+def header_mask(name: str) -> int:
+    """A mask of p4/include/headers.p4, ``((bit<336>)0x.. [<< n])``, as a number."""
+    text = (P4 / "include" / "headers.p4").read_text()
+    value, shift = re.search(rf"#define {name}\s+\(\(bit<336>\)(0x[0-9a-f]+)(?: << (\d+))?\)", text).groups()
+    return int(value, 16) << int(shift or 0)
+
+
+def test_reply_checksum_steps_give_the_ipv4_checksum():
+    """reply_to_sender's steps (aggregation.p4), written out here with headers.p4's masks, on headers whose
+    sums fold once, twice or to 0xffff: the checksum of the header as it is, whatever its own checksum said."""
+    lanes, but_checksum, ones = (header_mask(n) for n in ("IP_WORD_LANES", "IP_WORD_LANES_BUT_CHECKSUM",
+                                                          "IP_WORD_LANE_ONES"))
+    assert header_mask("OUTER_IP_CHECKSUM") == 0xFFFF << 128
+    rng = random.Random(20)
+    headers = [bytes(20), b"\xff" * 20, bytes.fromhex("4500001c000040004011") + bytes(2) + bytes.fromhex("fffe") * 4]
+    headers += [rng.randbytes(20) for _ in range(3000)]
+    for ip in headers:
+        head = int.from_bytes(bytes(14) + ip + bytes(8), "big")  # outer.head: Ethernet, IPv4, UDP
+        total = ((head >> 80 & lanes) + (head >> 64 & but_checksum)) * ones >> 128 & 0xFFFFFFFF
+        total = (total >> 16) + (total & 0xFFFF)
+        checksum = (~(total + (total >> 16)) << 128 & 0xFFFF << 128) >> 128
+        assert checksum == ipv4_checksum(ip[:10] + bytes(2) + ip[12:]), ip.hex()
 
 
 def test_one_counter_array_per_job_counter():

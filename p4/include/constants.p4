@@ -30,7 +30,9 @@ const bit<32> SA_PROBE_TO_REPLY = (bit<32>)(SA_TYPE_PROBE ^ SA_TYPE_PROBE_REPLY)
 const bit<32> SA_DROP_MALFORMED = 0;
 const bit<32> SA_DROP_BAD_VERSION = 1;
 const bit<32> SA_DROP_NOT_ADMITTED = 2;
-#define SA_NUM_GLOBAL_DROPS 3
+const bit<32> SA_DROP_IP_OPTIONS = 3;
+const bit<32> SA_DROP_FRAGMENT = 4;
+#define SA_NUM_GLOBAL_DROPS 5
 
 /* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1
  * (SaIngress.result_to_all), so the job indices stay below it. */

@@ -20,15 +20,24 @@ header outer_h {
 #define OUTER_ETHER_TYPE  ((bit<336>)0xffff << 224)
 #define OUTER_IHL         ((bit<336>)0x0f << 216)
 #define OUTER_IP_LENGTH   ((bit<336>)0xffff << 192)
-#define OUTER_FRAG_OFFSET ((bit<336>)0x1fff << 160)
+#define OUTER_FRAGMENT    ((bit<336>)0x3fff << 160)  /* more fragments, fragment offset */
 #define OUTER_PROTOCOL    ((bit<336>)0xff << 144)
+#define OUTER_IP_CHECKSUM ((bit<336>)0xffff << 128)
 #define OUTER_IP_SRC      ((bit<336>)0xffffffff << 96)
 #define OUTER_IP_DST      ((bit<336>)0xffffffff << 64)
 #define OUTER_UDP_SRC     ((bit<336>)0xffff << 48)
 #define OUTER_UDP_DST     ((bit<336>)0xffff << 32)
 #define OUTER_UDP_LENGTH  ((bit<336>)0xffff << 16)
-/* From the EtherType to the IPv4 checksum: what a reply keeps */
-#define OUTER_ETHER_TYPE_TO_IP_CHECKSUM ((bit<336>)0xffffffffffffffffffffffffffff << 128)
+/* From the EtherType to the IPv4 protocol: what a reply keeps */
+#define OUTER_ETHER_TYPE_TO_IP_PROTOCOL ((bit<336>)0xffffffffffffffffffffffff << 144)
+/* Five 32-bit lanes (at bits 0, 32, .., 128) of 16 bits each, for the IPv4 checksum of a reply
+ * (aggregation.p4, reply_to_sender): head >> 80 masked by the first holds the IPv4 header's words
+ * 1, 3, .., 9 (counting from 1), head >> 64 masked by the second its words 2, 4, .., 10 less the
+ * checksum (word 6). Their sum holds the header's sum in five parts, which a product by the third
+ * adds up in its lane at bit 128. */
+#define IP_WORD_LANES              ((bit<336>)0x0000ffff0000ffff0000ffff0000ffff0000ffff)
+#define IP_WORD_LANES_BUT_CHECKSUM ((bit<336>)0x0000ffff0000ffff000000000000ffff0000ffff)
+#define IP_WORD_LANE_ONES          ((bit<336>)0x0000000100000001000000010000000100000001)
 
 /* The switchagg header: 24 bytes, big-endian, the fields of switchagg/wire.py in order. Fields the
  * program writes or counts by stand alone; neighbours it only reads, or writes together, share one

@@ -22,6 +22,8 @@ header sa_local_h {
     bit<64>   fresh;       /* tag stage: 1 if the chunk is new to the copy (first contribution of a round) */
     bit<64>   seen;        /* bitmap stage: 1 if this worker was already counted in the copy */
                            /* (both flags as wide as what they mask, so that no cast is needed) */
+    bit<336>  checksum;    /* a reply: its IPv4 header's sum, on the way to its checksum (as wide as
+                            * outer.head, which it is worked out from and written into) */
 }
 
 /* Where job keeps the worker count and workers the contribution count, and a count of one there */

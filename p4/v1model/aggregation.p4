@@ -103,10 +103,18 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         std.mcast_grp = (bit<16>)hdr.local.job[47:40];
     }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
-     * its switchagg port: the addresses swapped (which leaves the IPv4 checksum as it was), the UDP
-     * checksum 0 (none). */
+     * its switchagg port: the addresses swapped, the rest of the IPv4 header kept but its checksum,
+     * which is worked out afresh (the packet's own may be wrong: it is not verified), the UDP
+     * checksum 0 (none). The checksum is the complement of the one's-complement sum of the header's
+     * 16-bit words but itself, which the swap leaves as it is: the words, added in five 32-bit lanes
+     * (IP_WORD_LANES), summed by a product into one lane (under 2^20), folded into 16 bits twice. */
     action reply_to_sender() {
-        hdr.outer.head = hdr.outer.head & (OUTER_ETHER_TYPE_TO_IP_CHECKSUM | OUTER_UDP_LENGTH)
+        hdr.local.checksum = ((hdr.outer.head >> 80 & IP_WORD_LANES)
+                              + (hdr.outer.head >> 64 & IP_WORD_LANES_BUT_CHECKSUM)) * IP_WORD_LANE_ONES >> 128
+                             & 0xffffffff;
+        hdr.local.checksum = (hdr.local.checksum >> 16) + (hdr.local.checksum & 0xffff);  /* at most 0xffff + 15 */
+        hdr.outer.head = hdr.outer.head & (OUTER_ETHER_TYPE_TO_IP_PROTOCOL | OUTER_UDP_LENGTH)
+                         | ~(hdr.local.checksum + (hdr.local.checksum >> 16)) << 128 & OUTER_IP_CHECKSUM
                          | hdr.outer.head << 48 & OUTER_ETH_DST | hdr.outer.head >> 48 & OUTER_ETH_SRC
                          | hdr.outer.head << 32 & OUTER_IP_SRC | hdr.outer.head >> 32 & OUTER_IP_DST
                          | (bit<336>)SA_UDP_PORT << 48 | hdr.outer.head >> 16 & OUTER_UDP_DST;

@@ -21,7 +21,7 @@ control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_
     counter<bit<32>>(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
     Validation(global_drops) validation;
     Admission(global_drops) admission;
-    Forwarding() forwarding;
+    Forwarding(global_drops) forwarding;
 
     /* A frame too short for the outer header (under 42 bytes). */
     action drop_runt() {

@@ -4,15 +4,20 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
                 inout standard_metadata_t std) {
     state start {
         pkt.extract(hdr.outer);  /* a frame of under 42 bytes is left with no valid header and dropped */
-        /* IPv4 with ihl 5 and fragment offset 0, UDP, to the switchagg port */
+        /* IPv4 with a 20-byte header (ihl 5), not a fragment (neither more fragments nor an offset), UDP,
+         * to the switchagg port. With options or in fragments it is ordinary traffic, whose frames to
+         * the switch itself forwarding.p4 counts. */
         transition select(hdr.outer.head) {
             (bit<336>)0x0800 << 224 | (bit<336>)5 << 216 | (bit<336>)17 << 144 | (bit<336>)SA_UDP_PORT << 32
-            &&& OUTER_ETHER_TYPE | OUTER_IHL | OUTER_FRAG_OFFSET | OUTER_PROTOCOL | OUTER_UDP_DST: parse_sa;
+            &&& OUTER_ETHER_TYPE | OUTER_IHL | OUTER_FRAGMENT | OUTER_PROTOCOL | OUTER_UDP_DST: parse_sa;
             default: accept;
         }
     }
     state parse_sa {
-        pkt.extract(hdr.sa);  /* too short: parser_error is set and admission counts it malformed */
+        /* The header is read from the frame, which may end before it (parser_error is then set, and
+         * validation counts the frame malformed) or go on past the datagram: validation checks that the
+         * IPv4 and UDP lengths hold it before it looks at its version. */
+        pkt.extract(hdr.sa);
         /* The values are parsed only for a well-formed contribution of K values (version, type,
          * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
          * hdr.vals as that common case, with no further test. */
@@ -36,9 +41,10 @@ control SaVerifyChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply { }
 }
 
-/* Nothing to compute: a reply swaps the IPv4 addresses, which leaves the checksum as it was, and
- * a multicast result gets a whole new IPv4 header from the control plane, checksum included
- * (egress.p4). UDP checksums are 0 (none). */
+/* Nothing to compute here: a reply's IPv4 checksum is worked out with the reply (aggregation.p4,
+ * reply_to_sender), where only replies pay for it, and a multicast result gets a whole new IPv4
+ * header from the control plane, checksum included (egress.p4). UDP checksums are 0 (none). Incoming
+ * IPv4 checksums are not verified (docs/protocol.md, section 1). */
 control SaComputeChecksum(inout headers_t hdr, inout sa_metadata_t meta) {
     apply { }
 }

@@ -1,6 +1,6 @@
 /* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
  * the parser found well formed (a probe, a contribution of another K, or a malformed packet), in
- * SwitchModel.process's order. What it drops, it counts by reason and strips of its switchagg
+ * SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its switchagg
  * header, so that admission skips it; a probe or another K keeps it and goes on to admission. */
 
 control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
@@ -20,14 +20,21 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
         drop();
     }
 
+    /* The datagram is what the IPv4 and UDP lengths say, not what the frame holds (which may go on
+     * past it): the two lengths must agree, the frame must hold the whole datagram, and the datagram
+     * the whole header, before the header's version counts. Lengths are compared in 32 bits, where
+     * neither 20 + the UDP length nor 4 * count wraps around (in 16 bits, a count 16384 higher would
+     * give the same length). */
     apply {
-        if (!hdr.sa.isValid()) {
+        if (!hdr.sa.isValid()
+                || (bit<32>)hdr.outer.head[207:192] != 20 + (bit<32>)hdr.outer.head[31:16]   /* IPv4 length */
+                || hdr.outer.head[31:16] < 8 + SA_HEADER_BYTES                              /* UDP length */
+                || std.packet_length < 14 + (bit<32>)hdr.outer.head[207:192]) {
             drop_malformed();
         } else if (hdr.sa.version_type_flags_worker[31:24] != SA_VERSION) {
             drop_bad_version();
-        } else if (std.parser_error != error.NoError
-                || hdr.outer.head[31:16] != 8 + SA_HEADER_BYTES + (hdr.sa.reserved_count[15:0] << 2)  /* UDP length */
-                || hdr.outer.head[207:192] != 20 + hdr.outer.head[31:16]                             /* IPv4 length */
+        } else if ((bit<32>)hdr.outer.head[31:16]
+                       != 8 + (bit<32>)SA_HEADER_BYTES + ((bit<32>)hdr.sa.reserved_count[15:0] << 2)  /* count */
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE)
                 || hdr.sa.version_type_flags_worker[15:8] & ~SA_FLAG_COPY != 0

@@ -10,11 +10,18 @@ import enum
 
 
 class GlobalDrop(enum.IntEnum):
-    """Drops before a packet is tied to a job, so they cannot be charged to one."""
+    """Drops before a packet is tied to a job, so they cannot be charged to one.
 
-    MALFORMED = 0  # too short, length disagrees with count, bad type, reserved bits, worker >= 32
+    The last two are of IPv4 that a switch seeing frames (the P4 program, ``SwitchModel.process_frame``)
+    does not take; the embedded switch gets its datagrams from the kernel, which takes options and
+    reassembles fragments, so it never counts them.
+    """
+
+    MALFORMED = 0  # too short, lengths disagree (IPv4, UDP, count), bad type, reserved bits, worker >= 32
     BAD_VERSION = 1
     NOT_ADMITTED = 2  # no admission entry for (job, worker, source IP, source port, key)
+    IP_OPTIONS = 3  # an IPv4 header other than 20 bytes (options), UDP, sent to the switch
+    FRAGMENT = 4  # a fragment of a UDP datagram sent to the switch
 
 
 class JobCounter(enum.IntEnum):

@@ -1,7 +1,8 @@
 """The switch's aggregation semantics as a pure class: the reference the P4 program must match.
 
 No sockets, no clock: :meth:`SwitchModel.process` takes one UDP payload and its
-source address and returns the packets to send. ``docs/protocol.md`` has the
+source address and returns the packets to send; :meth:`SwitchModel.process_frame`
+takes an Ethernet frame, as the P4 program does. ``docs/protocol.md`` has the
 state table this code implements.
 
 State is laid out as a Tofino would hold it: register arrays indexed by
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import socket
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,6 +31,7 @@ from ..wire import (
     FLAG_COPY,
     HEADER_SIZE,
     MAX_WORKERS,
+    UDP_PORT,
     VALUE_DTYPE,
     VERSION,
     Header,
@@ -40,6 +44,7 @@ from .counters import GlobalDrop, JobCounter
 Address = tuple[str, int]
 STAGES = ("tag", "bitmap", "count", "exponent", "values")
 RESULTS_KEPT = 256  # results whose values stay valid (see Emit)
+ETH_IP_UDP_SIZE = 14 + 20 + 8  # the headers before a frame's switchagg payload
 _U32 = 0xFFFFFFFF
 
 
@@ -196,6 +201,34 @@ class SwitchModel:
             counters[JobCounter.BAD_COUNT] += 1
             return []
         return self._aggregate(h, values_of(data, h.count), src, job, counters)
+
+    def process_frame(self, frame: bytes | memoryview) -> list[Emit]:
+        """Handle one Ethernet frame sent to the switch's own address, as the P4 program does.
+
+        The embedded switch gets datagrams from the kernel; the P4 program gets frames, and what
+        it takes of them (``docs/protocol.md``, section 1) is stated here, for the differential
+        test to hold it to. A switchagg datagram is IPv4 with a 20-byte header, unfragmented, and
+        UDP to :data:`UDP_PORT`; its payload is what the IPv4 and UDP lengths say, whatever the
+        frame holds past them. UDP with IPv4 options or in fragments is counted by reason (a later
+        fragment has no port to tell whose it is, and the switch serves no other UDP); any other
+        frame is not the switch's to count, and yields nothing. The IPv4 checksum is not verified
+        (admission and the length checks cover the fields the switch relies on); the P4 program
+        works out a reply's afresh.
+        """
+        if len(frame) < ETH_IP_UDP_SIZE or frame[12:14] != b"\x08\x00" or frame[23] != socket.IPPROTO_UDP:
+            return []
+        if frame[14] & 0x0F != 5:
+            return self._drop(GlobalDrop.IP_OPTIONS)
+        ip_length, fragment = struct.unpack_from(">H2xH", frame, 16)
+        if fragment & 0x3FFF:  # more fragments, or an offset
+            return self._drop(GlobalDrop.FRAGMENT)
+        src_port, dst_port, udp_length = struct.unpack_from(">HHH", frame, 34)
+        if dst_port != UDP_PORT:
+            return []
+        if udp_length != ip_length - 20 or len(frame) < 14 + ip_length:
+            return self._drop(GlobalDrop.MALFORMED)
+        src = socket.inet_ntoa(bytes(frame[26:30])), src_port
+        return self.process(frame[ETH_IP_UDP_SIZE:14 + ip_length], src)
 
     def _aggregate(self, h: Header, values: np.ndarray, src: Address, job: JobEntry,
                    counters: list[int]) -> list[Emit]:
@@ -367,7 +400,9 @@ class NativeSwitch(SwitchModel):
         return emits
 
     def counters(self) -> dict[str, object]:
-        return _named_counters(self._core.counters(None), {job: self._core.counters(job) for job in self.jobs})
+        # The frame checks (process_frame) count in Python, the datagram checks in C.
+        drops = [c + f for c, f in zip(self._core.counters(None), self.global_counters, strict=True)]
+        return _named_counters(drops, {job: self._core.counters(job) for job in self.jobs})
 
     def _copy_state(self, i: int) -> tuple[int, int, int]:
         return self._core.copy_state(i)[:3]
