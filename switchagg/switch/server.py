@@ -36,7 +36,12 @@ def new_generation(avoid: int = 0) -> int:
 
 
 class SoftSwitch:
-    """The software switch; ``with SoftSwitch(...) as sw:`` starts and stops it."""
+    """The software switch; ``with SoftSwitch(...) as sw:`` starts and stops it.
+
+    ``batch`` is how many datagrams the pure model (``native=False``) takes before it sends their
+    results: at most :data:`RESULTS_KEPT`, the results whose values it keeps. ``segmentation`` is
+    the socket's (:class:`~switchagg.transport.UdpSocket`): None uses GSO/GRO where the kernel has them.
+    """
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
