@@ -18,6 +18,7 @@ from pathlib import Path
 
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.control.build import Pipeline, build, find_tool
+from switchagg.local import free_ports
 
 from . import netns
 
@@ -43,9 +44,8 @@ def missing_prerequisites() -> str | None:
 
 
 def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    return port
 
 
 @dataclass

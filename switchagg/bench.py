@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -224,7 +225,7 @@ def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) 
 
 
 def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
-    (port,) = free_ports(1, kind=1)
+    (port,) = free_ports(1, kind=socket.SOCK_STREAM)
     wall, cpu, system = _summary(run_processes(_gloo_worker, workers, (workers, port, numel, reps)), numel * 4)
     return {"wall": wall, "cpu": cpu, "system": system}
 

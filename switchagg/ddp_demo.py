@@ -7,6 +7,7 @@ batch; gloo carries DDP's own broadcasts and the baseline's allreduce.
 
 from __future__ import annotations
 
+import socket
 import statistics
 import time
 import tomllib
@@ -78,7 +79,7 @@ def _ddp_worker(rank: int, queue, world: int, port: int, cfg_toml: str, steps: i
 def run_ddp(workers: int, *, steps: int, width: int, depth: int, warmup: int, k: int = 8192) -> list[dict]:
     """Train with both hooks among ``workers`` processes; each rank's losses and median step time."""
     cfg = loopback_job(workers, values_per_packet=k)
-    (port,) = free_ports(1, kind=1)
+    (port,) = free_ports(1, kind=socket.SOCK_STREAM)
     with SoftSwitch(cfg.switch, control=cfg.control) as sw:
         sw.add_job(cfg)
         return run_processes(_ddp_worker, workers, (workers, port, cfg.to_toml(), steps, width, depth, warmup))

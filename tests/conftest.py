@@ -11,18 +11,7 @@ import pytest
 
 from switchagg import JobConfig, SoftSwitch
 from switchagg.config import Endpoint, WorkerSpec
-
-
-def free_ports(n: int, kind: int = socket.SOCK_DGRAM) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, kind)
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from switchagg.local import free_ports
 
 
 def loopback_config(n: int, *, switch_port: int, job_id: int = 1, slot_base: int = 0, slot_count: int = 16,
