@@ -60,10 +60,10 @@ class Client:
                                batch=min(1024, max(64, _SEND_BYTES // size)), max_datagram=size, batched=batched,
                                segmentation=segmentation)
         mtu = self._sock.path_mtu()
-        if datagram_size(k) + IP_UDP_OVERHEAD > min(mtu, 65535):
+        if size + IP_UDP_OVERHEAD > min(mtu, 65535):
             self._sock.close()
             raise ConfigError(
-                f"values_per_packet = {k} makes {datagram_size(k) + IP_UDP_OVERHEAD}-byte IPv4 packets, but "
+                f"values_per_packet = {k} makes {size + IP_UDP_OVERHEAD}-byte IPv4 packets, but "
                 f"the path MTU towards {config.switch} is {mtu}: use values_per_packet <= "
                 f"{max_values_for_mtu(min(mtu, 65535))} (no IP fragmentation)")
         self.window = Window(max_size=config.slot_count)

@@ -16,12 +16,11 @@ import threading
 
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
-from ..transport import UdpSocket
+from ..transport import MAX_UDP, UdpSocket
 from ..wire import UDP_PORT
 from .control import ControlServer
 from .model import RESULTS_KEPT, JobEntry, NativeSwitch, SwitchModel
 
-MAX_DATAGRAM = 65507
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
 OUT_BYTES = 8 << 20  # ... and their bytes: room for 32 multicasts of the largest datagrams
@@ -64,10 +63,10 @@ class SoftSwitch:
 
     def start(self) -> SoftSwitch:
         if isinstance(self.model, NativeSwitch):  # results of a whole receive, grouped by worker when sent
-            self._sock = UdpSocket(self.address, batch=OUT_PACKETS, max_datagram=MAX_DATAGRAM, out_bytes=OUT_BYTES,
+            self._sock = UdpSocket(self.address, batch=OUT_PACKETS, max_datagram=MAX_UDP, out_bytes=OUT_BYTES,
                                    batched=self._batched, segmentation=self._segmentation)
         else:
-            self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_DATAGRAM, batched=self._batched,
+            self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_UDP, batched=self._batched,
                                    segmentation=self._segmentation)
         self.address = self._sock.address
         if self.control_address is not None:
