@@ -5,10 +5,9 @@
  * generic segmentation offload (UDP_SEGMENT, Linux 4.18) lets one message carry up to 64 (128 on
  * recent kernels) equal-sized datagrams that the kernel, or the NIC, cuts apart on the way out;
  * UDP_GRO (Linux 5.0) hands the receiver consecutive datagrams of one flow as one buffer with the
- * segment size in a cmsg. On
- * loopback the super-datagram is never cut at all, so a worker and the embedded switch move tens of
- * times more small datagrams per core; on a veth or a NIC a BMv2 or a Tofino still sees ordinary
- * frames, one chunk each.
+ * segment size in a cmsg. On loopback the super-datagram is never cut at all, so a worker and the
+ * embedded switch move tens of times more small datagrams per core; on a veth or a NIC a BMv2 or a
+ * Tofino still sees ordinary frames, one chunk each.
  *
  * send() groups the packets of a batch by destination (stable: each destination's packets leave in
  * the order given) into runs of equal-sized packets (the last of a run may be shorter, as the kernel
