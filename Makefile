@@ -3,7 +3,7 @@
 VENV ?= .venv
 PYTHON ?= python3
 
-$(VENV)/.installed: pyproject.toml switchagg/_kernels.c switchagg/_stream.c switchagg/_switch.c switchagg/_udp.c switchagg/_kernels.h switchagg/_wire.h
+$(VENV)/.installed: pyproject.toml $(wildcard switchagg/*.c switchagg/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[torch,p4,bench,dev]'
 	touch $@

@@ -27,13 +27,13 @@ def up(args: argparse.Namespace) -> int:
     if problem:
         print(f"bmv2_env: cannot build the test bed: it {problem}", file=sys.stderr)
         return 2
-    from switchagg.control import bmv2
+    from switchagg.targets import bmv2
 
     bed = TestBed(args.workers, prefix=args.prefix, subnet=args.subnet, grpc_port=args.grpc_port,
                   thrift_port=args.thrift_port, log=Path(args.log) if args.log else None)
     bed.up()
     cfg = bed.job(list(range(args.workers)), slot_count=args.slots)
-    generation = bmv2.deploy(cfg, bed.grpc_addr)
+    generation = bmv2.Bmv2Target(bed.grpc_addr).deploy(cfg)
     cfg.write(args.config)
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     _state(args.prefix).write_text(json.dumps({"pid": bed._proc.pid, "hosts": args.workers}))

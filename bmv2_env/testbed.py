@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
-from switchagg.control.build import Pipeline, build, find_tool
-from switchagg.local import free_ports
+from switchagg.loopback import free_ports
+from switchagg.targets.p4c import Pipeline, build, find_tool
 
 from . import netns
 
@@ -141,7 +141,7 @@ class TestBed:
                 time.sleep(0.1)
         else:
             raise RuntimeError("simple_switch_grpc did not open its gRPC port within 20 s")
-        from switchagg.control.bmv2 import P4RuntimeSession
+        from switchagg.targets.bmv2 import P4RuntimeSession
 
         with P4RuntimeSession(self.grpc_addr, 0, self.pipeline):
             pass  # pushes the pipeline

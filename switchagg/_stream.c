@@ -14,7 +14,8 @@
  *
  * The header layout is _wire.h's (HEADER_LAYOUT and WIRE below; a test holds them to wire.py).
  */
-#include "_kernels.h"  /* Python.h first */
+#include "_codec.h"  /* Python.h first */
+#include "_stream.h"
 #include "_wire.h"
 
 #include <math.h>
@@ -27,7 +28,7 @@
 #define BACKOFF_CAP 3          /* protocol.BACKOFF_CAP */
 #define MIN_PROBE 0.01        /* protocol.MIN_PROBE */
 
-/* protocol.Window's state; the names are its attributes. */
+/* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
 typedef struct {
     double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt,
         epoch_end, epoch_losses;
@@ -87,60 +88,40 @@ static int unready(const Stream *s) {
 
 /* ---- the window (protocol.Window's methods) ------------------------------------------------- */
 
-#define N_WIN_FIELDS 11
-static const char *WIN_FIELDS[N_WIN_FIELDS] = {"cwnd", "ssthresh", "min_rto", "max_rto", "rto", "rttvar",
-                                               "_recovery_until", "_cwnd_before_loss", "min_rtt", "_epoch_end",
-                                               "_epoch_losses"};
-
-static double *win_slot(Win *w, int i) {
-    double *slots[N_WIN_FIELDS] = {&w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &w->rttvar,
-                                   &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt, &w->epoch_end,
-                                   &w->epoch_losses};
-    return slots[i];
-}
+/* The window's state travels as protocol.WindowState, a tuple in this order (WINDOW_FIELDS, which
+ * tests/test_protocol.py holds to WindowState._fields): Window.state() gives it, Window.restore() takes it. */
+#define WINDOW_FIELDS "cwnd", "ssthresh", "min_rto", "max_rto", "rto", "srtt", "rttvar", "recovery_until", \
+    "cwnd_before_loss", "min_rtt", "epoch_end", "epoch_losses", "losses", "max_size"
 
 static int win_load(Stream *s) {
-    for (int i = 0; i < N_WIN_FIELDS; i++) {
-        PyObject *v = PyObject_GetAttrString(s->window, WIN_FIELDS[i]);
-        if (v == NULL)
-            return -1;
-        *win_slot(&s->w, i) = PyFloat_AsDouble(v);
-        Py_DECREF(v);
-        if (PyErr_Occurred())
-            return -1;
-    }
-    PyObject *srtt = PyObject_GetAttrString(s->window, "srtt");
-    PyObject *losses = PyObject_GetAttrString(s->window, "losses");
-    PyObject *max_size = PyObject_GetAttrString(s->window, "max_size");
-    int ok = srtt && losses && max_size;
+    PyObject *state = PyObject_CallMethod(s->window, "state", NULL);
+    if (state == NULL)
+        return -1;
+    Win *w = &s->w;
+    PyObject *srtt;
+    int ok = PyArg_ParseTuple(state, "dddddOddddddll;Window.state() must give a protocol.WindowState",
+                              &w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &srtt, &w->rttvar,
+                              &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt, &w->epoch_end,
+                              &w->epoch_losses, &w->losses, &w->max_size);
     if (ok) {
-        s->w.has_srtt = srtt != Py_None;
-        s->w.srtt = s->w.has_srtt ? PyFloat_AsDouble(srtt) : 0.0;
-        s->w.losses = PyLong_AsLong(losses);
-        s->w.max_size = PyLong_AsLong(max_size);
+        w->has_srtt = srtt != Py_None;
+        w->srtt = w->has_srtt ? PyFloat_AsDouble(srtt) : 0.0;
     }
-    Py_XDECREF(srtt);
-    Py_XDECREF(losses);
-    Py_XDECREF(max_size);
+    Py_DECREF(state);
     return ok && !PyErr_Occurred() ? 0 : -1;
 }
 
-static int set_attr(PyObject *obj, const char *name, PyObject *v) {
-    if (v == NULL)
-        return -1;
-    int rc = PyObject_SetAttrString(obj, name, v);
-    Py_DECREF(v);
-    return rc;
-}
-
 static int win_store(Stream *s) {
-    for (int i = 0; i < N_WIN_FIELDS; i++)
-        if (set_attr(s->window, WIN_FIELDS[i], PyFloat_FromDouble(*win_slot(&s->w, i))) < 0)
-            return -1;
-    PyObject *srtt = s->w.has_srtt ? PyFloat_FromDouble(s->w.srtt) : Py_NewRef(Py_None);
-    if (set_attr(s->window, "srtt", srtt) < 0)
+    const Win *w = &s->w;
+    PyObject *srtt = w->has_srtt ? PyFloat_FromDouble(w->srtt) : Py_NewRef(Py_None);
+    PyObject *state = srtt ? Py_BuildValue("(dddddNddddddll)", w->cwnd, w->ssthresh, w->min_rto, w->max_rto, w->rto,
+                                           srtt, w->rttvar, w->recovery_until, w->cwnd_before_loss, w->min_rtt,
+                                           w->epoch_end, w->epoch_losses, w->losses, w->max_size) : NULL;
+    if (state == NULL)
         return -1;
-    return set_attr(s->window, "losses", PyLong_FromLong(s->w.losses));
+    PyObject *rc = PyObject_CallMethod(s->window, "restore", "(N)", state);
+    Py_XDECREF(rc);
+    return rc == NULL ? -1 : 0;
 }
 
 static inline double dmin(double a, double b) { return b < a ? b : a; }  /* Python's min(a, b) */
@@ -733,7 +714,7 @@ static PyMethodDef Stream_methods[] = {
 
 static PyTypeObject StreamType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "switchagg._kernels.Stream",
+    .tp_name = "switchagg._native.Stream",
     .tp_basicsize = sizeof(Stream),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = PyDoc_STR("One allreduce call of numpy data, as protocol.Reduction does it (see _stream.c)."),
@@ -756,9 +737,12 @@ int sa_add_stream_type(PyObject *module) {
                                    "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
                                    "PROBE_REPLY", TYPE_PROBE_REPLY, "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
                                    "MAX_WORKERS", MAX_WORKERS);
-    int rc = layout && wire && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
-             && PyModule_AddObjectRef(module, "WIRE", wire) == 0 ? 0 : -1;
+    PyObject *window = Py_BuildValue("(ssssssssssssss)", WINDOW_FIELDS);
+    int rc = layout && wire && window && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
+             && PyModule_AddObjectRef(module, "WIRE", wire) == 0
+             && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0 ? 0 : -1;
     Py_XDECREF(layout);
     Py_XDECREF(wire);
+    Py_XDECREF(window);
     return rc;
 }

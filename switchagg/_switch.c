@@ -14,7 +14,8 @@
  * its source is that rank's address and its key is the job's. Addresses are sockaddr_in as
  * recvmmsg/sendmmsg use them.
  */
-#include "_kernels.h"  /* Python.h first */
+#include "_codec.h"  /* Python.h first */
+#include "_switch.h"
 #include "_wire.h"
 
 #include <stdint.h>
@@ -360,7 +361,11 @@ static PyObject *Switch_copy_state(Switch *sw, PyObject *arg) {
         return NULL;
     if (i < 0 || i >= sw->copies)
         return PyErr_Format(PyExc_IndexError, "copy %zd: the switch has %zd", i, sw->copies);
-    return Py_BuildValue("KIIi", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i]);
+    if (sw->values[i] == NULL)
+        return Py_BuildValue("KIIiO", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
+                             Py_None);
+    return Py_BuildValue("KIIiy#", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
+                         (const char *)sw->values[i], (Py_ssize_t)sw->values_k[i] * 4);
 }
 
 static int Switch_init(Switch *sw, PyObject *args, PyObject *kw) {
@@ -414,13 +419,14 @@ static PyMethodDef Switch_methods[] = {
     {"counters", (PyCFunction)Switch_counters, METH_O,
      "counters(None): the GlobalDrop counters; counters(job_id): that job's JobCounter counters."},
     {"copy_state", (PyCFunction)Switch_copy_state, METH_O,
-     "copy_state(i) -> (tag, bitmap, count, exponent) of register index i = 2 * slot + copy."},
+     "copy_state(i) -> (tag, bitmap, count, exponent, values or None) of register index i = 2 * slot + copy\n"
+     "(the fields of switchagg.switch.registers.CopyState)."},
     {NULL},
 };
 
 static PyTypeObject SwitchType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "switchagg._kernels.Switch",
+    .tp_name = "switchagg._native.Switch",
     .tp_basicsize = sizeof(Switch),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = PyDoc_STR("The embedded switch's registers and admission, as SwitchModel holds them (see _switch.c)."),

@@ -1,5 +1,5 @@
 /* The switchagg header as switchagg/wire.py defines it (FIELDS), for the C that writes and parses
- * packets (_stream.c, _switch.c): offsets, constants, big-endian access. _kernels exposes them as
+ * packets (_stream.c, _switch.c): offsets, constants, big-endian access. _native exposes them as
  * HEADER_LAYOUT and WIRE, and tests/test_wire.py holds those to wire.py. */
 #ifndef SWITCHAGG_WIRE_H
 #define SWITCHAGG_WIRE_H

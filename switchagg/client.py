@@ -19,9 +19,9 @@ import numpy as np
 
 from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
-from .payloads import FloatPayloads, Int32Payloads
+from .payloads import payloads_for
 from .protocol import NativeReduction, Reduction, StreamParams, Window
-from .switch import control
+from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
 from .wire import (
     HEADER_SIZE,
@@ -34,7 +34,6 @@ from .wire import (
 )
 
 _U32 = 0xFFFFFFFF
-_FLOATS = {"float32", "float16", "float64", "bfloat16"}
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
 
 
@@ -97,42 +96,15 @@ class Client:
     def allreduce_async(self, x: Any, op: str = "sum", out: Any = None) -> Future:
         """Queue an allreduce; the Future holds the result (or the error).
 
-        A float tensor on a GPU stays there (see :mod:`switchagg.torch_support`);
-        everything else takes the numpy path.
+        A float tensor on a GPU stays there (see :mod:`switchagg.torch_payloads`);
+        everything else takes the numpy path (:func:`~switchagg.payloads.payloads_for`).
         """
-        if op not in ("sum", "mean"):
-            raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
-        k, n = self.config.values_per_packet, self.config.n_workers
-        if _on_gpu(x) and x.is_floating_point():
-            from .torch_support import TorchPayloads
-
-            gpu = TorchPayloads(x, k, n)  # raises on NaN/Inf here, in the caller
-
-            def work_gpu() -> Any:
-                if x.numel():
-                    self._reduce(gpu, -(-x.numel() // k))
-                result = gpu.result(x, mean=op == "mean")
-                return result if out is None else out.copy_(result)
-
-            return self.submit(work_gpu)
-        flat, restore, kind = _as_flat(x)
-        if op == "mean" and kind != "float":
-            raise ValueError("op='mean' needs a floating-point tensor; int32 supports op='sum'")
-        if kind == "float":
-            flat = np.ascontiguousarray(flat, dtype=np.float32)
-            result = _result_buffer(out, flat)
-            payloads = FloatPayloads(flat, result, k, n)  # raises on NaN/Inf here, in the caller
-        else:
-            flat = np.ascontiguousarray(flat, dtype=np.int32)
-            result = np.empty_like(flat)
-            payloads = Int32Payloads(flat, result, k)
+        job = payloads_for(x, self.config.values_per_packet, self.config.n_workers, op, out)
 
         def work() -> Any:
-            if flat.size:
-                self._reduce(payloads, -(-flat.size // k))
-            if op == "mean":
-                np.divide(result, n, out=result)
-            return restore(result, out)
+            if job.n_chunks:
+                self._reduce(job.payloads, job.n_chunks, job.native)
+            return job.finish()
 
         return self.submit(work)
 
@@ -219,15 +191,14 @@ class Client:
         self.generation = generation
         return generation
 
-    def _reduce(self, payloads: Any, n_chunks: int) -> None:
+    def _reduce(self, payloads: Any, n_chunks: int, native: bool) -> None:
         if self.generation is None:
             self._probe(self.start_timeout)
         cfg = self.config
         params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
                               cfg.slot_count, cfg.values_per_packet)
         now = time.monotonic()
-        # numpy data takes the C state machine; a tensor on a GPU the Python one (its codec is torch's)
-        kind = NativeReduction if isinstance(payloads, FloatPayloads | Int32Payloads) else Reduction
+        kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
         red = kind(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
                    copies=self._copies, now=now, started=self._started,
                    progress_timeout=self.stall_timeout if self._started else self.start_timeout)
@@ -260,7 +231,7 @@ class Client:
             return " (give the switch a control port to see which workers are missing)"
         pending = red.pending()[:4]
         try:
-            states = control.request(cfg.control, {"op": "slots", "job": cfg.job_id,
+            states = request(cfg.control, {"op": "slots", "job": cfg.job_id,
                                                    "slots": [s for _, s, _ in pending]})["slots"]
         except SwitchAggError as exc:
             return f" The switch's control port did not answer either: {exc}"
@@ -275,60 +246,3 @@ class Client:
                              f"holds chunk {state['chunk']})")
         return " The switch says: " + "; ".join(notes) + "."
 
-
-def _on_gpu(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and x.device.type != "cpu"
-
-
-def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
-    """A flat numpy view of ``x``, a function that turns the result back into x's type, and its kind."""
-    if type(x).__module__.startswith("torch"):
-        from .torch_support import tensor_to_flat
-
-        return tensor_to_flat(x)
-    arr = np.asarray(x)
-    kind = _kind(arr.dtype.name)
-    shape, dtype = arr.shape, arr.dtype
-
-    def restore(result: np.ndarray, out: Any) -> np.ndarray:
-        shaped = result.reshape(shape)
-        if out is None:
-            return shaped.astype(dtype, copy=False)
-        if not np.may_share_memory(out, shaped):  # not already written in place
-            np.copyto(out, shaped, casting="unsafe")
-        return out
-
-    flat = arr.reshape(-1)
-    if arr.dtype.name == "bfloat16":
-        flat = flat.astype(np.float32)
-    return flat, restore, kind
-
-
-def _result_buffer(out: Any, flat: np.ndarray) -> np.ndarray:
-    """Where the float32 sums go: straight into ``out`` when it can hold them.
-
-    That saves a pass and an allocation (memory the process never touched costs a
-    page fault per 4 KiB, more than the codec's pass over it). ``out`` may be the
-    input itself: a chunk is read for the last time before its sum is written
-    (retransmissions end with the result), so summing in place is safe; any other
-    overlap is not.
-    """
-    if type(out).__module__.startswith("torch") and out.device.type == "cpu" and str(out.dtype) == "torch.float32":
-        out = out.detach().numpy()  # the tensor's own memory
-    if (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
-            and out.size == flat.size and (not np.may_share_memory(out, flat) or _same_memory(out, flat))):
-        return out.reshape(-1)
-    return np.empty_like(flat)
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes
-
-
-def _kind(dtype_name: str) -> str:
-    if dtype_name in _FLOATS:
-        return "float"
-    if dtype_name == "int32":
-        return "int32"
-    raise TypeError(f"cannot allreduce dtype {dtype_name}: use float32, float16, bfloat16, "
-                    "float64 (reduced at float32 precision) or int32")

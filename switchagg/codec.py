@@ -13,7 +13,7 @@ two makes ``x * s`` exact in float32, so the only quantization error is the
 rounding to an integer: at most ``0.5 / s`` per element and worker, and the
 sum of ``n`` contributions is off by at most ``n * 0.5 / s`` before the final
 float32 rounding of the result. ``docs/protocol.md`` states the same bound and
-the property tests check it. The loops over the values run in :mod:`switchagg._kernels`
+the property tests check it. The loops over the values run in :mod:`switchagg._native`
 (C, one pass each); ``tests/test_codec.py`` holds them to a plain numpy statement
 of this arithmetic, bit for bit.
 """
@@ -24,7 +24,7 @@ import functools
 
 import numpy as np
 
-from . import _kernels
+from . import _native
 from .errors import QuantizationError
 from .wire import EXP_NONE, Buffer
 
@@ -56,7 +56,7 @@ def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
     would otherwise become silent garbage in every worker's sum.
     """
     maxabs = np.empty(-(-flat.size // k), dtype=np.float32)
-    bad = _kernels.block_maxabs(flat, k, maxabs)
+    bad = _native.block_maxabs(flat, k, maxabs)
     if bad >= 0:
         raise QuantizationError(
             f"block {bad} (elements {bad * k}..{min((bad + 1) * k, flat.size) - 1}) holds NaN "
@@ -75,16 +75,16 @@ def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
 def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
     """Float32 ``block`` into ``out``, K big-endian int32 (the packet's values, zero-padded).
 
-    One pass, no temporaries (:mod:`switchagg._kernels`): ``out`` is usually the
+    One pass, no temporaries (:mod:`switchagg._native`): ``out`` is usually the
     very buffer the packet is sent from.
     """
-    _kernels.quantize(block, out, scale_shift(exponent, n_workers))
+    _native.quantize(block, out, scale_shift(exponent, n_workers))
     return out
 
 
 def dequantize(sums: Buffer, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
     """Summed big-endian int32 into float32 ``out`` (its size picks how many), in one pass."""
-    _kernels.dequantize(sums, out, scale_shift(exponent, n_workers))
+    _native.dequantize(sums, out, scale_shift(exponent, n_workers))
     return out
 
 

@@ -15,7 +15,7 @@ import traceback
 from datetime import timedelta
 
 from .config import JobConfig
-from .local import free_ports, loopback_job, run_processes
+from .loopback import free_ports, loopback_job, run_processes
 from .switch.server import SoftSwitch
 
 

@@ -1,9 +1,9 @@
 """``switchagg demo``: the main job, end to end on this machine.
 
-An embedded switch, ``workers`` processes that allreduce seeded random tensors
-and check every result against numpy within the codec's error bound, then (with
-torch installed) a few DDP training steps with the switchagg comm hook next to
-the same steps with plain allreduce.
+An embedded switch and ``workers`` processes that allreduce seeded random tensors
+and check every result against numpy within the codec's error bound. The command
+then runs (with torch installed) a few DDP training steps with the switchagg comm
+hook next to the same steps with plain allreduce (:mod:`switchagg.ddp_demo`).
 """
 
 from __future__ import annotations
@@ -11,29 +11,12 @@ from __future__ import annotations
 import time
 import traceback
 
-import numpy as np
-
-from . import codec
 from .client import Client
 from .config import JobConfig
-from .local import loopback_job, run_processes
-from .switch.counters import JOB_DROPS
+from .jobs import JOB_DROPS
+from .loopback import loopback_job, run_processes
 from .switch.server import SoftSwitch
-
-
-def demo_inputs(rank: int, round_: int, size: int) -> np.ndarray:
-    """Every rank can rebuild every other rank's input, so each checks the full sum itself."""
-    rng = np.random.default_rng([round_, rank])
-    return (rng.standard_normal(size) * rng.uniform(0.01, 100)).astype(np.float32)
-
-
-def check_sum(got: np.ndarray, xs: list[np.ndarray], k: int) -> tuple[float, bool]:
-    """Largest error against the float64 sum, and whether it is within the documented bound."""
-    exact = np.sum(np.stack(xs).astype(np.float64), axis=0)
-    exps = np.max([codec.propose_exponents(x, k) for x in xs], axis=0)
-    bound = np.repeat([codec.error_bound(int(e), len(xs)) for e in exps], k)[: exact.size]
-    err = np.abs(got.astype(np.float64) - exact)
-    return float(err.max()), bool(np.all(err <= bound + np.abs(exact) * 2.0**-23))
+from .worker import check_sum, demo_inputs
 
 
 def _worker(rank: int, queue, config_toml: str, size: int, rounds: int) -> None:
@@ -58,8 +41,7 @@ def _worker(rank: int, queue, config_toml: str, size: int, rounds: int) -> None:
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_demo(*, workers: int = 4, size: int = 1_000_000, rounds: int = 5, train: bool = True,
-             k: int = 8192) -> int:
+def run_demo(*, workers: int = 4, size: int = 1_000_000, rounds: int = 5, k: int = 8192) -> int:
     cfg = loopback_job(workers, values_per_packet=k)
     with SoftSwitch(cfg.switch, control=cfg.control) as sw:
         sw.add_job(cfg)
@@ -78,31 +60,4 @@ def run_demo(*, workers: int = 4, size: int = 1_000_000, rounds: int = 5, train:
         drops = sum(job[c.name.lower()] for c in JOB_DROPS)
         print(f"  switch: {job['results_multicast']} sums multicast, {job['results_unicast']} resent, "
               f"{drops} packets dropped (mostly repeats from workers that started early)")
-        if not ok:
-            return 1
-    if train:
-        try:
-            from .ddp_demo import run_training_demo
-        except ImportError as exc:
-            print(f"training part skipped: {exc} (install the 'torch' extra)")
-            return 0
-        return run_training_demo(workers=min(workers, 4))
-    return 0
-
-
-def run_worker(config: str, rank: int, *, size: int, rounds: int) -> int:
-    """``switchagg worker``: one worker of a job, checking each sum (every rank rebuilds every input)."""
-    cfg = JobConfig.from_file(config)
-    with Client(cfg, rank) as client:
-        for r in range(rounds):
-            xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
-            t = time.perf_counter()
-            got = client.allreduce(xs[rank])
-            took = time.perf_counter() - t
-            err, ok = check_sum(got, xs, cfg.values_per_packet)
-            print(f"round {r}: {size} float32 in {took * 1e3:.1f} ms ({size * 4 / took / 2**20:.2f} MiB/s), "
-                  f"max error {err:.3g} {'within' if ok else 'OUTSIDE'} the bound; window "
-                  f"{client.window.cwnd:.1f}, timeouts {client.window.losses}", flush=True)
-            if not ok:
-                return 1
-    return 0
+        return 0 if ok else 1

@@ -1,15 +1,23 @@
-"""Numpy payloads: how a reduction reads a flat vector's chunks and writes back the sums.
+"""Payloads: how a reduction reads its input's chunks and writes back the sums, for each kind of input.
 
-These adapt :mod:`switchagg.codec` to :class:`switchagg.protocol.Payloads`; the
-torch module has the same shape for tensors that stay on the GPU.
+:func:`payloads_for` is the one place that looks at what a caller passed (a numpy array, a
+list, a torch tensor on the CPU or on a GPU) and picks its payloads. The numpy ones adapt
+:mod:`switchagg.codec` to :class:`switchagg.protocol.Payloads`;
+:class:`~switchagg.torch_payloads.TorchPayloads` has the same shape for tensors that stay on the GPU.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from . import codec
 from .wire import VALUE_DTYPE, Buffer
+
+_FLOATS = {"float32", "float16", "float64", "bfloat16"}
 
 
 class FloatPayloads:
@@ -44,3 +52,113 @@ class Int32Payloads:
     def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]
         part[:] = np.frombuffer(sums, VALUE_DTYPE, count=part.size)
+
+
+@dataclass
+class Prepared:
+    """An allreduce's input made ready: its payloads, how many chunks, and what turns the sums into the result.
+
+    ``native`` says whether the C stream can drive the payloads (the numpy ones); a tensor on a GPU
+    takes the Python state machine, whose codec is torch's.
+    """
+
+    payloads: Any
+    n_chunks: int
+    finish: Callable[[], Any]
+    native: bool
+
+
+def payloads_for(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
+    """The payloads of ``x`` for an allreduce of ``op`` ("sum" or "mean") among ``n_workers``, K = ``k``.
+
+    Raises here, in the caller, on what cannot be reduced: an unsupported dtype, NaN or infinity.
+    """
+    if op not in ("sum", "mean"):
+        raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
+    if _is_tensor(x) and x.device.type != "cpu" and x.is_floating_point():
+        from .torch_payloads import TorchPayloads
+
+        gpu = TorchPayloads(x, k, n_workers)
+
+        def finish_gpu() -> Any:
+            result = gpu.result(x, mean=op == "mean")
+            return result if out is None else out.copy_(result)
+
+        return Prepared(gpu, -(-x.numel() // k), finish_gpu, native=False)
+    flat, restore = _as_flat(x)
+    kind = kind_of(str(getattr(x, "dtype", flat.dtype)).removeprefix("torch."))
+    if op == "mean" and kind != "float":
+        raise ValueError("op='mean' needs a floating-point tensor; int32 supports op='sum'")
+    if kind == "float":
+        flat = np.ascontiguousarray(flat, dtype=np.float32)
+        result = _result_buffer(out, flat)
+        payloads: FloatPayloads | Int32Payloads = FloatPayloads(flat, result, k, n_workers)
+    else:
+        flat = np.ascontiguousarray(flat, dtype=np.int32)
+        result = np.empty_like(flat)
+        payloads = Int32Payloads(flat, result, k)
+
+    def finish() -> Any:
+        if op == "mean":
+            np.divide(result, n_workers, out=result)
+        return restore(result, out)
+
+    return Prepared(payloads, -(-flat.size // k), finish, native=True)
+
+
+def kind_of(dtype_name: str) -> str:
+    """How a dtype travels: "float" (quantized with block exponents) or "int32" (as it is)."""
+    if dtype_name in _FLOATS:
+        return "float"
+    if dtype_name == "int32":
+        return "int32"
+    raise TypeError(f"cannot allreduce dtype {dtype_name}: use float32, float16, bfloat16, "
+                    "float64 (reduced at float32 precision) or int32")
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any]]:
+    """A flat numpy view of ``x`` and a function that turns the result back into x's type."""
+    if _is_tensor(x):
+        from .torch_payloads import tensor_to_flat
+
+        return tensor_to_flat(x)
+    arr = np.asarray(x)
+    shape, dtype = arr.shape, arr.dtype
+
+    def restore(result: np.ndarray, out: Any) -> np.ndarray:
+        shaped = result.reshape(shape)
+        if out is None:
+            return shaped.astype(dtype, copy=False)
+        if not np.may_share_memory(out, shaped):  # not already written in place
+            np.copyto(out, shaped, casting="unsafe")
+        return out
+
+    flat = arr.reshape(-1)
+    if arr.dtype.name == "bfloat16":
+        flat = flat.astype(np.float32)
+    return flat, restore
+
+
+def _result_buffer(out: Any, flat: np.ndarray) -> np.ndarray:
+    """Where the float32 sums go: straight into ``out`` when it can hold them.
+
+    That saves a pass and an allocation (memory the process never touched costs a
+    page fault per 4 KiB, more than the codec's pass over it). ``out`` may be the
+    input itself: a chunk is read for the last time before its sum is written
+    (retransmissions end with the result), so summing in place is safe; any other
+    overlap is not.
+    """
+    if _is_tensor(out) and out.device.type == "cpu" and str(out.dtype) == "torch.float32":
+        out = out.detach().numpy()  # the tensor's own memory
+    if (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+            and out.size == flat.size and (not np.may_share_memory(out, flat) or _same_memory(out, flat))):
+        return out.reshape(-1)
+    return np.empty_like(flat)
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes

@@ -34,7 +34,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from . import _kernels
+from . import _native
 from .errors import JobNotStarted, StallError
 from .wire import (
     EXP_NONE,
@@ -82,6 +82,26 @@ BACKOFF_CAP = 3  # once a call has results, a packet's timeout doubles at most t
 MIN_PROBE = 0.01  # s: the shortest silence after which a call with results probes (Window.probe_timeout)
 
 
+class WindowState(NamedTuple):
+    """Everything a :class:`Window` knows, as one record: what the C stream (``_stream.c``) takes from
+    :meth:`Window.state` at a call's start and gives back to :meth:`Window.restore` when it changes."""
+
+    cwnd: float
+    ssthresh: float
+    min_rto: float
+    max_rto: float
+    rto: float
+    srtt: float | None
+    rttvar: float
+    recovery_until: float
+    cwnd_before_loss: float
+    min_rtt: float
+    epoch_end: float
+    epoch_losses: float
+    losses: int
+    max_size: int
+
+
 class Window:
     """AIMD congestion window and a Jacobson/Karels retransmission timeout.
 
@@ -112,6 +132,16 @@ class Window:
     @property
     def size(self) -> int:
         return max(1, int(self.cwnd))
+
+    def state(self) -> WindowState:
+        return WindowState(self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar,
+                           self._recovery_until, self._cwnd_before_loss, self.min_rtt, self._epoch_end,
+                           self._epoch_losses, self.losses, self.max_size)
+
+    def restore(self, state: WindowState | tuple) -> None:
+        (self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar, self._recovery_until,
+         self._cwnd_before_loss, self.min_rtt, self._epoch_end, self._epoch_losses, self.losses,
+         self.max_size) = state
 
     def on_result(self, rtt: float) -> None:
         """A new result ``rtt`` seconds after its packet was (last) sent: learn and grow."""
@@ -402,11 +432,11 @@ class Reduction:
                            started=self.started)
 
 
-class NativeReduction(_kernels.Stream):
+class NativeReduction(_native.Stream):
     """:class:`Reduction` in C, for :class:`~switchagg.payloads.FloatPayloads` and ``Int32Payloads``.
 
     The same constructor and the same interface, less :attr:`Reduction.outbox`: the packets due
-    leave only through :meth:`emit`. ``_kernels.Stream`` holds the state and does the work.
+    leave only through :meth:`emit`. ``_native.Stream`` holds the state and does the work.
     """
 
     def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,

@@ -11,7 +11,7 @@ import pytest
 
 from switchagg import JobConfig, SoftSwitch
 from switchagg.config import Endpoint, WorkerSpec
-from switchagg.local import free_ports
+from switchagg.loopback import free_ports
 
 
 def loopback_config(n: int, *, switch_port: int, job_id: int = 1, slot_base: int = 0, slot_count: int = 16,

@@ -6,7 +6,7 @@ import socket
 import struct
 from typing import NamedTuple
 
-from switchagg.control.frames import ipv4_checksum, udp_headers
+from switchagg.frames import ipv4_checksum, udp_headers
 
 
 def build(src_mac: str, dst_mac: str, src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from switchagg.bench import codec_speed, run_bench, udp_ceiling
+from switchagg.benchmarks.throughput import codec_speed, run_bench, udp_ceiling
 from switchagg.transport import BATCHED_AVAILABLE
 
 pytest.importorskip("torch")  # the gloo baseline

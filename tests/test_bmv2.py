@@ -18,7 +18,7 @@ import pytest
 from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
-from switchagg.control.frames import mac_bytes
+from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.wire import EXP_NONE, PacketType, make_header
 
@@ -34,7 +34,7 @@ class Differential:
     """Sends a payload from a host into BMv2 and into the model; compares what each sends back."""
 
     def __init__(self, bed: TestBed) -> None:
-        from switchagg.control import bmv2
+        from switchagg.targets import bmv2
 
         self.bed, self.bmv2 = bed, bmv2
         self.model = SwitchModel(num_slots=bmv2.NUM_SLOTS)
@@ -43,12 +43,12 @@ class Differential:
         self.by_ip = {bed.host_ip(i): i for i in range(bed.n_hosts)}
 
     def deploy(self, cfg) -> None:
-        generation = self.bmv2.deploy(cfg, self.bed.grpc_addr)
+        generation = self.bmv2.Bmv2Target(self.bed.grpc_addr).deploy(cfg)
         self.model.add_job(JobEntry.from_config(cfg, generation))
         self.jobs[cfg.job_id] = cfg
 
     def reset(self, job_id: int) -> int:
-        generation = self.bmv2.reset_job(self.jobs[job_id], self.bed.grpc_addr)
+        generation = self.bmv2.Bmv2Target(self.bed.grpc_addr).reset(job_id)
         self.model.set_generation(job_id, generation)
         return generation
 

@@ -36,11 +36,11 @@ def bed():
 
 @pytest.fixture(scope="module")
 def job(bed, tmp_path_factory):
-    from switchagg.control import bmv2
+    from switchagg.targets import bmv2
 
     cfg = bed.job(list(range(N)), job_id=7, slot_count=32)
     path = cfg.write(tmp_path_factory.mktemp("job") / "job.toml")
-    bmv2.deploy(cfg, bed.grpc_addr)
+    bmv2.Bmv2Target(bed.grpc_addr).deploy(cfg)
     return cfg, path
 
 
@@ -60,7 +60,7 @@ def allreduce_run(bed, path, out: Path) -> list[dict]:
 
 
 def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, tmp_path):
-    from switchagg.control import bmv2
+    from switchagg.targets import bmv2
 
     cfg, path = job
     clean = allreduce_run(bed, path, tmp_path / "clean")
@@ -73,7 +73,7 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
             assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
             assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
             assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
-    bmv2.reset_job(cfg, bed.grpc_addr)
+    bmv2.Bmv2Target(bed.grpc_addr).reset(cfg.job_id)
     for i in range(N):
         nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
     try:
@@ -87,7 +87,7 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
             if key != "timeouts":
                 assert np.array_equal(clean[r][key], lossy[r][key]), key
     status = subprocess.run([sys.executable, "-m", "switchagg", "status", "--target", "bmv2", "--config", str(path),
-                             "--grpc", bed.grpc_addr], capture_output=True, text=True, env=ENV, timeout=60)
+                             "--address", bed.grpc_addr], capture_output=True, text=True, env=ENV, timeout=60)
     assert status.returncode == 0, status.stderr
     assert "job 7: generation" in status.stdout and "results_multicast" in status.stdout
     assert "duplicate_pending" in status.stdout
@@ -95,10 +95,10 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
 
 def test_ddp_training_through_bmv2(bed, job, tmp_path):
     pytest.importorskip("torch")
-    from switchagg.control import bmv2
+    from switchagg.targets import bmv2
 
     cfg, path = job
-    bmv2.reset_job(cfg, bed.grpc_addr)
+    bmv2.Bmv2Target(bed.grpc_addr).reset(cfg.job_id)
     master = f"{bed.host_ip(0)}:29517"
     run_workers(bed, lambda r: ["tests.ddp_netns_worker", str(path), str(r), master, str(tmp_path / f"{r}.npz")])
     runs = [np.load(tmp_path / f"{r}.npz") for r in range(N)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from switchagg.cli import main
+from switchagg.__main__ import main
 from switchagg.transport import BATCHED_AVAILABLE
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from switchagg import _kernels, codec
+from switchagg import _native, codec
 from switchagg.errors import QuantizationError
 from switchagg.wire import EXP_NONE, VALUE_DTYPE
 
@@ -158,7 +158,7 @@ def test_block_exponents_match_numpy(x, k):
 def test_switch_add_wraps_like_int32(a, b):
     size = min(a.size, b.size)
     acc = a[:size].astype(VALUE_DTYPE)
-    _kernels.add_be(acc, b[:size].astype(VALUE_DTYPE))
+    _native.add_be(acc, b[:size].astype(VALUE_DTYPE))
     assert np.array_equal(acc, (a[:size].astype(np.int64) + b[:size]).astype(np.int32))
 
 
@@ -168,7 +168,7 @@ def test_kernels_refuse_buffers_that_do_not_fit():
     with pytest.raises(ValueError, match="cannot fill"):
         codec.dequantize(np.ones(4, VALUE_DTYPE), 1, 2, np.empty(8, np.float32))
     with pytest.raises(ValueError, match="added"):
-        _kernels.add_be(np.zeros(4, VALUE_DTYPE), np.zeros(3, VALUE_DTYPE))
+        _native.add_be(np.zeros(4, VALUE_DTYPE), np.zeros(3, VALUE_DTYPE))
     frozen = np.zeros(4, VALUE_DTYPE)
     frozen.setflags(write=False)
     with pytest.raises((BufferError, ValueError), match="read-only|not writable"):
@@ -177,16 +177,16 @@ def test_kernels_refuse_buffers_that_do_not_fit():
 
 _SCALAR_RUN = """
 import sys, numpy as np
-from switchagg import _kernels
-assert _kernels.SIMD == 0
+from switchagg import _native
+assert _native.SIMD == 0
 x = np.frombuffer(sys.stdin.buffer.read(), np.float32)
 q = np.empty(x.size + 3, ">i4")
-_kernels.quantize(x, q, 9)
+_native.quantize(x, q, 9)
 y = np.empty(2 * x.size, np.float32)
-_kernels.dequantize(q, y[:x.size], 9)
-_kernels.dequantize(q, y[x.size:], 140)
+_native.dequantize(q, y[:x.size], 9)
+_native.dequantize(q, y[x.size:], 140)
 acc = q.copy()
-_kernels.add_be(acc, q[::-1].copy())
+_native.add_be(acc, q[::-1].copy())
 sys.stdout.buffer.write(q.tobytes() + y.tobytes() + acc.tobytes())
 """
 
@@ -197,10 +197,10 @@ def test_scalar_loops_agree_with_the_vector_ones():
     run = subprocess.run([sys.executable, "-c", _SCALAR_RUN], input=x.tobytes(), capture_output=True,
                          env={**os.environ, "SWITCHAGG_NO_SIMD": "1"}, check=True)
     q = np.empty(x.size + 3, VALUE_DTYPE)
-    _kernels.quantize(x, q, 9)
+    _native.quantize(x, q, 9)
     y = np.empty(2 * x.size, np.float32)
-    _kernels.dequantize(q, y[:x.size], 9)
-    _kernels.dequantize(q, y[x.size:], 140)  # a scale that is no float32: the double path
+    _native.dequantize(q, y[:x.size], 9)
+    _native.dequantize(q, y[x.size:], 140)  # a scale that is no float32: the double path
     acc = q.copy()
-    _kernels.add_be(acc, q[::-1].copy())
+    _native.add_be(acc, q[::-1].copy())
     assert run.stdout == q.tobytes() + y.tobytes() + acc.tobytes()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bmv2_env.testbed import missing_prerequisites
-from switchagg.control.build import build
+from switchagg.targets.p4c import build
 
 from .conftest import need
 

@@ -122,7 +122,7 @@ def test_loss_duplication_and_reordering_leave_results_bit_exact(topology, tmp_p
 def test_the_loss_bench_measures_a_lossy_run_against_a_lossless_one(capsys, tmp_path):
     need("netns", missing())
     pytest.importorskip("matplotlib")
-    from switchagg.lossbench import run_loss_bench
+    from switchagg.benchmarks.loss import run_loss_bench
 
     plot = tmp_path / "loss.png"
     assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), plot=str(plot)) == 0

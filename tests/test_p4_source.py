@@ -11,11 +11,11 @@ import pytest
 
 from switchagg import wire
 from switchagg.config import Endpoint
-from switchagg.control import bmv2
-from switchagg.control.frames import ipv4_checksum
 from switchagg.errors import ConfigError
-from switchagg.local import loopback_job
-from switchagg.switch.counters import GlobalDrop, JobCounter
+from switchagg.frames import ipv4_checksum
+from switchagg.jobs import GlobalDrop, JobCounter
+from switchagg.loopback import loopback_job
+from switchagg.targets import bmv2
 
 P4 = Path(__file__).resolve().parents[1] / "p4"
 
@@ -109,4 +109,4 @@ def test_deploy_refuses_a_switch_port_the_program_does_not_take():
     cfg = dataclasses.replace(loopback_job(2, values_per_packet=wire.P4_VALUES_PER_PACKET),
                               switch=Endpoint("10.0.0.1", wire.UDP_PORT + 1))
     with pytest.raises(ConfigError, match=f"UDP port {wire.UDP_PORT}"):
-        bmv2.deploy(cfg, "127.0.0.1:1")  # refused before it connects
+        bmv2.Bmv2Target("127.0.0.1:1").deploy(cfg)  # refused before it connects

@@ -290,7 +290,7 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype)
 
 
 def test_native_reduction_refuses_what_does_not_fit():
-    from switchagg import _kernels
+    from switchagg import _native
     from switchagg.payloads import FloatPayloads
     from switchagg.protocol import NativeReduction
 
@@ -308,4 +308,4 @@ def test_native_reduction_refuses_what_does_not_fit():
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=2,
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
     with pytest.raises(RuntimeError, match="not initialised"):
-        _kernels.Stream.__new__(_kernels.Stream).next_deadline()
+        _native.Stream.__new__(_native.Stream).next_deadline()

@@ -9,7 +9,7 @@ from switchagg.payloads import FloatPayloads
 from switchagg.wire import VALUE_DTYPE
 
 torch = pytest.importorskip("torch")
-from switchagg.torch_support import TorchPayloads  # noqa: E402
+from switchagg.torch_payloads import TorchPayloads  # noqa: E402
 
 
 def devices():

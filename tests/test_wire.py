@@ -51,12 +51,12 @@ def test_scapy_layer_is_built_from_the_same_fields():
 
 def test_the_c_code_uses_this_header_layout():
     """switchagg/_wire.h lays the header out for the C stream and switch; it must agree with FIELDS."""
-    from switchagg import _kernels
+    from switchagg import _native
 
     offsets = np.cumsum([0] + [f.bits // 8 for f in FIELDS])
     layout = tuple((f.name, int(o), f.bits // 8) for f, o in zip(FIELDS, offsets, strict=False))
-    assert layout == _kernels.HEADER_LAYOUT
-    assert _kernels.WIRE == {"HEADER_SIZE": HEADER_SIZE, "VERSION": wire.VERSION, "CONTRIB": PacketType.CONTRIB,
+    assert layout == _native.HEADER_LAYOUT
+    assert _native.WIRE == {"HEADER_SIZE": HEADER_SIZE, "VERSION": wire.VERSION, "CONTRIB": PacketType.CONTRIB,
                              "RESULT": PacketType.RESULT, "PROBE": PacketType.PROBE,
                              "PROBE_REPLY": PacketType.PROBE_REPLY, "FLAG_COPY": wire.FLAG_COPY,
                              "EXP_NONE": wire.EXP_NONE, "MAX_WORKERS": wire.MAX_WORKERS}

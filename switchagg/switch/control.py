@@ -1,31 +1,42 @@
-"""The embedded switch's control port: one JSON request per line over TCP, one JSON reply.
+"""The embedded switch's control port, its server side: one JSON request per line over TCP, one JSON reply.
 
 Requests (``op``): ``status``; ``reset`` with ``job``; ``slots`` with ``job`` and
 ``slots``; ``add_job`` with ``config`` (TOML text); ``remove_job`` with ``job``.
 A reply is an object; a failed request gets ``{"error": "..."}``. Bind it to
-loopback: it is not authenticated.
+loopback: it is not authenticated. The client side is :mod:`switchagg.switch.control_client`.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import socketserver
 import threading
 import tomllib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..config import Endpoint, JobConfig
-from ..errors import ConfigError, SwitchAggError
+from ..config import JobConfig
+from ..errors import SwitchAggError
+from ..jobs import JobEntry
 
-if TYPE_CHECKING:
-    from .server import SoftSwitch
+
+class ServedSwitch(Protocol):
+    """What the control port asks of the switch it serves (:class:`~switchagg.switch.server.SoftSwitch`)."""
+
+    address: tuple[str, int]
+    backend: str
+
+    def add_job(self, config: JobConfig) -> int: ...
+    def remove_job(self, job_id: int) -> None: ...
+    def reset_job(self, job_id: int) -> int: ...
+    def jobs(self) -> dict[int, JobEntry]: ...
+    def counters(self) -> dict[str, object]: ...
+    def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]: ...
 
 
 class ControlServer:
-    """Serves control requests for one :class:`SoftSwitch` on a background thread."""
+    """Serves control requests for one switch on a background thread."""
 
-    def __init__(self, address: tuple[str, int], switch: SoftSwitch) -> None:
+    def __init__(self, address: tuple[str, int], switch: ServedSwitch) -> None:
         handler = type("Handler", (_Handler,), {"switch": switch})
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self._server = socketserver.ThreadingTCPServer(address, handler)
@@ -42,7 +53,7 @@ class ControlServer:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    switch: SoftSwitch
+    switch: ServedSwitch
 
     def handle(self) -> None:
         for line in self.rfile:
@@ -53,7 +64,7 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.write(json.dumps(reply).encode() + b"\n")
 
 
-def _dispatch(switch: SoftSwitch, req: dict[str, Any]) -> dict[str, Any]:
+def _dispatch(switch: ServedSwitch, req: dict[str, Any]) -> dict[str, Any]:
     op = req.get("op")
     if op == "status":
         jobs = {str(j): {"generation": e.generation, "slot_base": e.slot_base, "slot_count": e.slot_count,
@@ -78,21 +89,3 @@ def _str_keys(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _str_keys(v) for k, v in obj.items()}
     return obj
-
-
-def request(endpoint: Endpoint, req: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
-    """Send one control request to an embedded switch and return its reply."""
-    try:
-        with socket.create_connection(endpoint.tuple, timeout=timeout) as conn:
-            conn.sendall(json.dumps(req).encode() + b"\n")
-            line = conn.makefile("rb").readline()
-    except OSError as exc:
-        raise SwitchAggError(
-            f"cannot reach the embedded switch's control port at {endpoint} ({exc}): "
-            "is `switchagg switch` running with this config?") from None
-    if not line:
-        raise SwitchAggError(f"the control port at {endpoint} closed the connection without replying")
-    reply = json.loads(line)
-    if "error" in reply:
-        raise ConfigError(f"the switch at {endpoint} refused {req.get('op')!r}: {reply['error']}")
-    return reply

@@ -11,27 +11,20 @@ reset a job or see which workers a slot still waits for.
 
 from __future__ import annotations
 
-import secrets
 import threading
 
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
+from ..jobs import JobEntry, new_generation
 from ..transport import MAX_UDP, UdpSocket
 from ..wire import UDP_PORT
 from .control import ControlServer
-from .model import RESULTS_KEPT, JobEntry, NativeSwitch, SwitchModel
+from .model import RESULTS_KEPT, SwitchModel
+from .native import NativeSwitch
 
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
 OUT_BYTES = 8 << 20  # ... and their bytes: room for 32 multicasts of the largest datagrams
-
-
-def new_generation(avoid: int = 0) -> int:
-    """A fresh 32-bit generation: random, so no two deployments are likely to share one."""
-    while True:
-        g = secrets.randbits(32)
-        if g not in (0, avoid):
-            return g
 
 
 class SoftSwitch:
@@ -150,8 +143,7 @@ class SoftSwitch:
     def reset_job(self, job_id: int) -> int:
         """Start a new run of the job: a new generation, old state reads as empty."""
         with self.lock:
-            old = self.model.jobs[job_id].generation if job_id in self.model.jobs else 0
-            generation = new_generation(old)
+            generation = new_generation(self.model.table.get(job_id).generation)
             self.model.set_generation(job_id, generation)
         return generation
 
@@ -163,6 +155,6 @@ class SoftSwitch:
         with self.lock:
             return self.model.counters()
 
-    def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int]]]:
+    def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]:
         with self.lock:
             return {s: self.model.slot_state(job_id, s) for s in slots}

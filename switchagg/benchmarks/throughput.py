@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import JobConfig
-from .errors import SwitchAggError
-from .local import free_ports, loopback_job, run_processes
-from .wire import datagram_size, default_slot_count
+from ..config import JobConfig
+from ..errors import SwitchAggError
+from ..loopback import free_ports, loopback_job, run_processes, spawn_switch
+from ..wire import datagram_size, default_slot_count
 
 
 def _timed_calls(call, reps: int, warm_up: bool = True) -> dict[str, list[float]]:
@@ -56,7 +56,7 @@ def _timed_calls(call, reps: int, warm_up: bool = True) -> dict[str, list[float]
 def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int) -> None:
     import tomllib
 
-    from .client import Client
+    from ..client import Client
 
     try:
         cfg = JobConfig.from_dict(tomllib.loads(config_toml))
@@ -106,13 +106,8 @@ def _summary(per_worker: list[dict], nbytes: int) -> tuple[float, float, float]:
 
 
 def _start_switch(cfg: JobConfig, workdir: Path) -> subprocess.Popen:
-    path = cfg.write(workdir / "job.toml")
-    proc = subprocess.Popen([sys.executable, "-m", "switchagg", "switch", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        if line.startswith("switchagg switch on"):
-            return proc
-    raise RuntimeError(f"the switch process did not start (exit {proc.wait()})")
+    proc, _ = spawn_switch(cfg.write(workdir / "job.toml"), workdir / "switch.ready", stdout=subprocess.DEVNULL)
+    return proc
 
 
 def _process_cpu(pid: int) -> tuple[float, float] | None:
@@ -132,9 +127,9 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
     into the rows a socket sends from) and takes whole batches of results back; here each
     packet comes straight back as its own result, as from a switch of one worker.
     """
-    from .payloads import FloatPayloads
-    from .protocol import NativeReduction, StreamParams, Window
-    from .wire import PacketType, datagram_size
+    from ..payloads import FloatPayloads
+    from ..protocol import NativeReduction, StreamParams, Window
+    from ..wire import PacketType, datagram_size
 
     x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
     out = np.empty_like(x)
@@ -175,7 +170,7 @@ def udp_ceiling(size: int, *, segmentation: bool | None = None, seconds: float =
     """
     import threading
 
-    from .transport import UdpSocket
+    from ..transport import UdpSocket
 
     with UdpSocket(("127.0.0.1", 0), batch=1024, segmentation=segmentation) as rx, \
             UdpSocket(("127.0.0.1", 0), peer=rx.address, batch=1024, max_datagram=size,

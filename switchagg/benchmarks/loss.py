@@ -10,7 +10,7 @@ prints per rate the time over the lossless time, the packets resent over those n
 against the lossless run, on every rank). Needs root, ``ip`` and ``nft``; it makes its namespaces
 and addresses (10.81.0.0/24, inside them only) and removes them when done.
 
-``python -m switchagg.lossbench CONFIG RANK OUT`` is one worker.
+``python -m switchagg.benchmarks.loss CONFIG RANK OUT`` is one worker.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Endpoint, JobConfig, WorkerSpec
-from .errors import SwitchAggError
+from ..config import Endpoint, JobConfig, WorkerSpec
+from ..errors import SwitchAggError
+from ..loopback import spawn_switch
 
 PRIMES = (131071, 65521, 8191, 509, 127, 3)  # lengths of the arrays each worker reduces
 PREFIX = "salb"
@@ -43,7 +44,7 @@ def inputs(rank: int, length: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _worker(config: str, rank: int, out: str) -> None:
-    from .client import Client
+    from ..client import Client
 
     cfg = JobConfig.from_file(config)
     results = {}
@@ -122,17 +123,14 @@ def _dropped(n: int) -> int:
 def _run(cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.ndarray]], float]:
     """One job: the switch and the workers in their namespaces; each rank's results, and the slowest time."""
     path = cfg.write(workdir / "job.toml")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    switch = subprocess.Popen(["ip", "netns", "exec", _ns(None), sys.executable, "-m", "switchagg", "switch",
-                               "--config", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     try:
-        for line in switch.stdout:
-            if line.startswith("switchagg switch on"):
-                break
-        else:
-            raise SwitchAggError(f"the switch did not start in namespace {_ns(None)} (exit {switch.wait()})")
-        workers = [subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m", "switchagg.lossbench",
+        switch, _ = spawn_switch(path, workdir / "switch.ready", prefix=("ip", "netns", "exec", _ns(None)), env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except RuntimeError as exc:
+        raise SwitchAggError(f"the switch did not start in namespace {_ns(None)}: {exc}") from None
+    try:
+        workers = [subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m", "switchagg.benchmarks.loss",
                                      str(path), str(r), str(workdir / f"r{r}.npz")], env=env,
                                     stderr=subprocess.PIPE, text=True) for r in range(cfg.n_workers)]
         for r, w in enumerate(workers):

@@ -1,4 +1,4 @@
-"""Compile the P4 program with p4c's BMv2 backend: one command, outputs in a build directory."""
+"""Compile the P4 program with p4c: one command per target, outputs in a build directory."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Packets per second of switchagg's P4 program on BMv2 against a plain forwarding program.
 
-    sudo .venv/bin/python bench/bmv2_vs_forwarding.py [--seconds 2] [--rounds 11] [--burst 400] [--workers 2]
-                                                      [--bmv2 PATH]
+    sudo .venv/bin/python -m switchagg.benchmarks.bmv2_vs_forwarding [--seconds 2] [--rounds 11] [--burst 400]
+                                                      [--workers 2] [--bmv2 PATH]
 
 Same BMv2 build, same 322-byte frames, one run: two BMv2 switches, one per program, each offered
 bursts of frames in turn (a round alternates them for --seconds). A raw-socket generator in host 0
@@ -30,15 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bmv2_env import netns
+from bmv2_env.testbed import TestBed, missing_prerequisites
 
-from bmv2_env import netns  # noqa: E402
-from bmv2_env.testbed import TestBed, missing_prerequisites  # noqa: E402
-from switchagg.control import bmv2  # noqa: E402
-from switchagg.control.build import Pipeline, find_tool  # noqa: E402
-from switchagg.control.frames import udp_headers  # noqa: E402
-from switchagg.wire import HEADER_SIZE, UDP_PORT, PacketType, make_header  # noqa: E402
+from ..frames import udp_headers
+from ..targets import bmv2
+from ..targets.p4c import Pipeline, find_tool
+from ..wire import HEADER_SIZE, UDP_PORT, PacketType, make_header
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: build/ and the workers' PYTHONPATH
 
 K, SLOTS = 64, 32
 
@@ -203,7 +203,7 @@ def allreduce_rate(binary: str, size: int = 1 << 18, rounds: int = 4) -> list[st
             tempfile.TemporaryDirectory() as tmp:
         cfg = bed.job([0, 1], job_id=9, slot_count=SLOTS)
         path = cfg.write(Path(tmp) / "job.toml")
-        bmv2.deploy(cfg, bed.grpc_addr)
+        bmv2.Bmv2Target(bed.grpc_addr).deploy(cfg)
         deepen_queues(bed.thrift_port)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         procs = [bed.exec(r, [sys.executable, "-m", "switchagg", "worker", "--config", str(path), "--rank", str(r),
@@ -216,12 +216,12 @@ def allreduce_rate(binary: str, size: int = 1 << 18, rounds: int = 4) -> list[st
 
 
 def forwarding_pipeline() -> Pipeline:
-    """``bench/forward.p4`` compiled next to switchagg's pipeline."""
+    """``forward.p4`` (beside this module) compiled next to switchagg's pipeline."""
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     pipe = Pipeline(out / "forward.json", out / "forward.p4info.txtpb")
     subprocess.run([find_tool("p4c-bm2-ss"), "--p4runtime-files", str(pipe.p4info), "-o", str(pipe.json),
-                    str(ROOT / "bench" / "forward.p4")], check=True)
+                    str(Path(__file__).with_name("forward.p4"))], check=True)
     return pipe
 
 
@@ -249,7 +249,7 @@ def main() -> int:
     with TestBed(len(hosts) + 1, prefix="sab", subnet=76, host_ips=False, switch_binary=binary) as agg_bed, \
             TestBed(3, prefix="saf", subnet=75, host_ips=False, pipeline=fwd_pipe, switch_binary=binary) as fwd_bed:
         cfg = agg_bed.job(hosts, job_id=9, slot_count=SLOTS)
-        agg_stream = frames_for(agg_bed, cfg, bmv2.deploy(cfg, agg_bed.grpc_addr))
+        agg_stream = frames_for(agg_bed, cfg, bmv2.Bmv2Target(agg_bed.grpc_addr).deploy(cfg))
         deepen_queues(agg_bed.thrift_port)
         deploy_forwarding(fwd_bed.grpc_addr, fwd_bed.switch_mac)
         deepen_queues(fwd_bed.thrift_port)
@@ -266,7 +266,7 @@ def main() -> int:
         finally:
             for t in targets:
                 t.close()
-        counted = bmv2.read_status(cfg, agg_bed.grpc_addr)["counters"]["jobs"][str(cfg.job_id)]
+        counted = bmv2.Bmv2Target(agg_bed.grpc_addr).status(cfg.job_id).counters
     offered_sa, offered_fwd = statistics.median(agg.offered), statistics.median(fwd.offered)
     out_sa, out_fwd = agg.done, fwd.done
     print(f"switchagg, {args.workers} workers: offered {offered_sa:,.0f} pkt/s (median), BMv2 aggregated and sent "

@@ -12,7 +12,7 @@
  * Buffers are byte buffers (the buffer protocol, C-contiguous); the big-endian side may be at any
  * alignment, so it is read and written through memcpy, which compilers turn into plain moves.
  */
-#include "_kernels.h"  /* Python.h first */
+#include "_codec.h"  /* Python.h first */
 
 #include <math.h>
 #include <stdint.h>
@@ -38,7 +38,7 @@ static inline void store_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
  * values, and everything on other machines. */
 #define LANES 8
 #define SIMD __attribute__((target("avx2")))
-static int use_simd;
+static int use_simd;  /* set by sa_codec_init */
 SIMD static inline __m256i swap32x8(__m256i v) {
     const __m256i order = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
                                            3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
@@ -250,7 +250,7 @@ static PyObject *add_be(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
+PyMethodDef sa_codec_methods[] = {
     {"quantize", quantize, METH_VARARGS, quantize_doc},
     {"dequantize", dequantize, METH_VARARGS, dequantize_doc},
     {"block_maxabs", block_maxabs, METH_VARARGS, block_maxabs_doc},
@@ -258,22 +258,12 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "switchagg._kernels",
-    "One-pass loops of the block floating point codec and of the switch's adds; the worker's Stream; the "
-    "embedded switch's data plane.", -1, methods,
-};
-
-PyMODINIT_FUNC PyInit__kernels(void) {
+int sa_codec_init(void) {
 #if LANES
     __builtin_cpu_init();
     use_simd = __builtin_cpu_supports("avx2") && getenv("SWITCHAGG_NO_SIMD") == NULL;
+    return use_simd;
+#else
+    return 0;
 #endif
-    PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (PyModule_AddIntConstant(m, "SIMD", LANES ? use_simd : 0) < 0 || sa_add_stream_type(m) < 0
-                      || sa_add_switch_type(m) < 0)) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
 }

@@ -1,17 +1,20 @@
-"""Jobs on this machine: a loopback config on free ports and worker processes to run it.
+"""Jobs on this machine: a loopback config on free ports, a switch process, and worker processes.
 
-The demo, the benchmark and the tests use these to stand up a whole job with
+The demo, the benchmarks and the tests use these to stand up a whole job with
 nothing but Python.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import queue as queues
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .config import Endpoint, JobConfig, WorkerSpec
@@ -40,6 +43,23 @@ def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: i
         key=key, slot_base=0, slot_count=slot_count or default_slot_count(values_per_packet),
         values_per_packet=values_per_packet,
         workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
+
+
+def spawn_switch(config: Path, ready_file: Path, *, prefix: Sequence[str] = (), timeout: float = 30.0,
+                 **popen: Any) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start ``switchagg switch --config config`` (after ``prefix``, e.g. ``ip netns exec NS``) and wait
+    until it says where it listens, in ``ready_file``; returns the process and what it wrote there."""
+    ready_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "switchagg", "switch", "--config", str(config),
+                             "--ready-file", str(ready_file)], **popen)
+    deadline = time.monotonic() + timeout
+    while not ready_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.communicate()[0] if popen.get("stdout") == subprocess.PIPE else ""
+            raise RuntimeError(f"the switch process did not come up (exit {proc.wait()}): {out or ''}"[-2000:])
+        time.sleep(0.02)
+    return proc, json.loads(ready_file.read_text())
 
 
 def run_processes(target: Callable[..., Any], n: int, args: tuple = (), timeout: float = 600.0) -> list[Any]:

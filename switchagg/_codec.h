@@ -1,6 +1,7 @@
-/* One extension module: the codec's loops (_kernels.c), the worker's stream (_stream.c), the switch (_switch.c). */
-#ifndef SWITCHAGG_KERNELS_H
-#define SWITCHAGG_KERNELS_H
+/* The codec's and the switch's per-element loops (_codec.c), which the worker's stream (_stream.c)
+ * and the switch (_switch.c) call, and which the module (_native.c) exposes to Python. */
+#ifndef SWITCHAGG_CODEC_H
+#define SWITCHAGG_CODEC_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -11,8 +12,9 @@ void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size
 void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift);
 /* Big-endian int32 s[0..n) added into big-endian int32 acc[0..n), wrapping modulo 2^32. */
 void sa_add_be(unsigned char *acc, const unsigned char *s, Py_ssize_t n);
-/* Add the Stream (_stream.c) and Switch (_switch.c) types to the module. */
-int sa_add_stream_type(PyObject *module);
-int sa_add_switch_type(PyObject *module);
+/* The codec's functions for Python: quantize, dequantize, block_maxabs, add_be. */
+extern PyMethodDef sa_codec_methods[];
+/* Choose the loops this CPU runs (AVX2 or scalar); returns 1 where the AVX2 ones were chosen. */
+int sa_codec_init(void);
 
 #endif

@@ -1,4 +1,4 @@
-"""Torch tensors through the switch.
+"""Torch tensors through the switch (:func:`switchagg.payloads.payloads_for` chooses the path).
 
 CPU tensors take the numpy path (:func:`tensor_to_flat`). Tensors on a GPU
 stay there: :class:`TorchPayloads` computes block exponents and quantizes with
@@ -21,13 +21,10 @@ from .errors import QuantizationError
 from .wire import EXP_NONE, VALUE_DTYPE, Buffer
 
 
-def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any], str]:
+def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any]]:
     """A flat numpy vector of CPU tensor ``t`` and a function that turns a result back into a tensor."""
-    from .client import _kind
-
     t = t.detach()
     dtype, shape, device = t.dtype, t.shape, t.device
-    kind = _kind(str(dtype).removeprefix("torch."))
     flat = t.reshape(-1).cpu()
     if dtype == torch.bfloat16:
         flat = flat.float()
@@ -40,7 +37,7 @@ def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, A
             out.copy_(back)
         return out
 
-    return flat.contiguous().numpy(), restore, kind
+    return flat.contiguous().numpy(), restore
 
 
 def _times_pow2(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Instructions BMv2 executes per frame: switchagg's P4 program against the plain forwarding one.
 
-    sudo .venv/bin/python bench/bmv2_instructions.py [--frames 300] [--wait 60]
+    sudo .venv/bin/python -m switchagg.benchmarks.bmv2_instructions [--frames 300] [--wait 60]
 
 Where bmv2_vs_forwarding.py's packet rates swing by 15% from run to run on a small machine, this
 count is the same every time, which is what measuring a change to the P4 program needs. Each
@@ -30,15 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from ..config import Endpoint, JobConfig, WorkerSpec
+from ..targets import bmv2
+from ..targets.p4c import Pipeline, build, find_tool
+from .bmv2_vs_forwarding import SLOTS, deepen_queues, deploy_forwarding, forwarding_pipeline, frames_for
 
-from bmv2_vs_forwarding import SLOTS, deepen_queues, deploy_forwarding, forwarding_pipeline, frames_for  # noqa: E402
-
-from switchagg.config import Endpoint, JobConfig, WorkerSpec  # noqa: E402
-from switchagg.control import bmv2  # noqa: E402
-from switchagg.control.build import Pipeline, build, find_tool  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: build/ and the workers' PYTHONPATH
 
 SPACING = 0.025  # seconds between frames in the pcap: BMv2 under callgrind finishes each before the next
 THREADS = {"PcapFilesReader::": "receive", "SimpleSwitch::ingress_thread": "ingress",
@@ -96,7 +93,7 @@ def run(program: str, n: int, folder: Path, wait: float, grpc_port: int, thrift_
                                        "raise --wait") from None
                 time.sleep(1)
         if program == "switchagg":
-            bmv2.deploy(cfg, addr, pipeline=str(ROOT / "build" / "p4"))
+            bmv2.Bmv2Target(addr, pipeline=str(ROOT / "build" / "p4")).deploy(cfg)
         else:
             deploy_forwarding(addr, SWITCH.switch_mac, forwarding)
         deepen_queues(thrift_port, depth=n)

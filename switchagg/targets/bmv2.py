@@ -1,4 +1,4 @@
-"""Install, reset, remove and watch jobs on BMv2 over P4Runtime (p4runtime-shell).
+"""The BMv2 target: install, reset, remove and watch jobs on simple_switch_grpc over P4Runtime.
 
 p4runtime-shell keeps one process-wide client and calls ``sys.exit`` on some
 errors; :class:`P4RuntimeSession` is the boundary: one session at a time, and
@@ -13,15 +13,16 @@ import ipaddress
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
 
 from ..config import JobConfig, WorkerSpec
 from ..errors import ConfigError, SwitchAggError
-from ..switch.counters import GlobalDrop, JobCounter
-from ..switch.server import new_generation
+from ..frames import mac_bytes, udp_headers
+from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
 from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
-from .build import Pipeline
-from .frames import mac_bytes, udp_headers
+from .base import Target, TargetOptions
+from .p4c import Pipeline, build
 
 MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
 NUM_SLOTS = 1024  # SA_NUM_SLOTS
@@ -85,9 +86,6 @@ def _check_config(cfg: JobConfig) -> None:
     if cfg.switch.port != UDP_PORT:
         raise ConfigError(f"switch.address = '{cfg.switch.host}:{cfg.switch.port}': the P4 program takes "
                           f"switchagg packets on UDP port {UDP_PORT}, write '{cfg.switch.host}:{UDP_PORT}'")
-    if cfg.slot_base + cfg.slot_count > NUM_SLOTS:
-        raise ConfigError(f"job slots end at {cfg.slot_base + cfg.slot_count - 1}; the P4 program has "
-                          f"{NUM_SLOTS} slots")
     missing = [r for r, w in enumerate(cfg.workers) if w.mac is None or w.switch_port is None]
     if missing:
         raise ConfigError(f"workers {missing} need 'mac' and 'switch_port' for the P4 target")
@@ -124,54 +122,6 @@ class JobParams(NamedTuple):
 def _match(entry: Any, name: str) -> int:
     """An exact match field of an entry read back, as an integer."""
     return int.from_bytes(entry.match[name].exact.value, "big")
-
-
-def _deployed_entries(sh: Any, cfg: JobConfig, grpc_addr: str) -> list[Any]:
-    """The job's admission entries; a job that is not there is an error that says so."""
-    entries = [e for e in _admission_entries(sh) if _match(e, "hdr.sa.job") == cfg.job_id]
-    if not entries:
-        raise ConfigError(f"job {cfg.job_id} is not deployed on {grpc_addr}")
-    return entries
-
-
-def deploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0, pipeline: str | None = None) -> int:
-    """Install a job: admission entries, its multicast group, egress rewrites, L2 entries. Returns its generation."""
-    _check_config(cfg)
-    from .build import build
-
-    pipe = build(pipeline) if pipeline else None
-    with P4RuntimeSession(grpc_addr, device_id, pipe) as sh, _no_exit(f"deploying job {cfg.job_id}"):
-        existing = _admission_entries(sh)
-        used: dict[int, tuple[int, int, int]] = {}
-        for e in existing:
-            params = JobParams.of(e)
-            used[_match(e, "hdr.sa.job")] = (params.group - 1, _param(e, "slot_base"), params.slot_count)
-        if cfg.job_id in used:
-            raise ConfigError(f"job {cfg.job_id} is already deployed: undeploy it, or reset it for a new run")
-        for job, (_, base, count) in used.items():
-            if cfg.slot_base < base + count and base < cfg.slot_base + cfg.slot_count:
-                raise ConfigError(f"job {cfg.job_id}'s slots {cfg.slot_base}..{cfg.slot_base + cfg.slot_count - 1} "
-                                  f"overlap job {job}'s {base}..{base + count - 1}: give it another slot_base")
-        free = sorted(set(range(MAX_JOBS)) - {i for i, _, _ in used.values()})
-        if not free:
-            raise ConfigError(f"the switch already runs {MAX_JOBS} jobs: undeploy one first")
-        index = free[0]
-        generation = cfg.generation or new_generation()
-        _install_l2(sh, cfg)
-        group = sh.MulticastGroupEntry(index + 1)
-        for rank, (w, instance) in enumerate(zip(cfg.workers, replica_instances(cfg), strict=True)):
-            group.add(w.switch_port, instance)
-            rw = sh.TableEntry(REPLICA)(action="SaEgress.to_worker")
-            rw.match["std.mcast_grp"] = str(index + 1)
-            rw.match["std.egress_port"] = str(w.switch_port)
-            rw.match["std.egress_rid"] = str(instance)
-            rw.action["head"] = str(_result_head(cfg, w))
-            rw.action["version_type_worker"] = str(VERSION << 24 | PacketType.RESULT << 16 | rank)
-            rw.insert()
-        group.insert()
-        for rank in range(cfg.n_workers):
-            _admission_entry(sh, cfg, rank, index, generation).insert()
-    return generation
 
 
 def replica_instances(cfg: JobConfig) -> list[int]:
@@ -239,28 +189,22 @@ def _mac_int(mac: str) -> int:
     return int.from_bytes(mac_bytes(mac), "big")
 
 
-def reset_job(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> int:
-    """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
-    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"resetting job {cfg.job_id}"):
-        entries = _deployed_entries(sh, cfg, grpc_addr)
-        params = JobParams.of(entries[0])
-        generation = new_generation(params.generation)
-        for e in entries:
-            e.action["job"] = str(params._replace(generation=generation).pack())
-            e.modify()
-    return generation
+def _deployed(sh: Any) -> dict[int, tuple[list[Any], JobParams]]:
+    """Every deployed job's admission entries and parameters, by job id."""
+    jobs: dict[int, list[Any]] = {}
+    for e in _admission_entries(sh):
+        jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)
+    return {job: (entries, JobParams.of(entries[0])) for job, entries in jobs.items()}
 
 
-def undeploy(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> None:
-    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit(f"removing job {cfg.job_id}"):
-        entries = _deployed_entries(sh, cfg, grpc_addr)
-        group = JobParams.of(entries[0]).group
-        for e in entries:
-            e.delete()
-        for e in sh.TableEntry(REPLICA).read():
-            if _match(e, "std.mcast_grp") == group:
-                e.delete()
-        sh.MulticastGroupEntry(group).delete()
+def _entry(job: int, entries: list[Any], params: JobParams) -> JobEntry:
+    """A deployed job as the job table holds it, from its admission entries."""
+    workers = [("", 0)] * len(entries)
+    for e in entries:
+        source = _match(e, "source")
+        workers[_match(e, "worker")] = (str(ipaddress.IPv4Address(source >> 96)), source >> 48 & 0xFFFF)
+    return JobEntry(job, params.generation, _match(entries[0], "hdr.sa.key"), _param(entries[0], "slot_base"),
+                    params.slot_count, P4_VALUES_PER_PACKET, tuple(workers))
 
 
 def _counter(sh: Any, name: str, index: int) -> int:
@@ -269,21 +213,87 @@ def _counter(sh: Any, name: str, index: int) -> int:
     return sum(c.data.packet_count for c in entry.read())
 
 
-def read_status(cfg: JobConfig, grpc_addr: str, *, device_id: int = 0) -> dict[str, Any]:
-    """The same shape as the embedded switch's status: jobs, and counters by name."""
-    with P4RuntimeSession(grpc_addr, device_id) as sh, _no_exit("reading counters"):
-        status: dict[str, Any] = {"jobs": {}, "counters": {"global": {}, "jobs": {}}}
-        for d in GlobalDrop:
-            status["counters"]["global"][d.name.lower()] = _counter(sh, "SaIngress.global_drops", d)
-        jobs: dict[int, list[Any]] = {}
-        for e in _admission_entries(sh):
-            jobs.setdefault(_match(e, "hdr.sa.job"), []).append(e)
-        for job, entries in jobs.items():
-            params = JobParams.of(entries[0])
-            status["jobs"][str(job)] = {
-                "generation": params.generation, "slot_base": _param(entries[0], "slot_base"),
-                "slot_count": params.slot_count, "workers": [None] * len(entries)}
-            status["counters"]["jobs"][str(job)] = {
-                c.name.lower(): _counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", job)
-                for c in JobCounter}
-        return status
+class Bmv2Target(Target):
+    """simple_switch_grpc at ``grpc_addr`` (device ``device_id``), running ``p4/v1model``."""
+
+    name: ClassVar[str] = "bmv2"
+    summary: ClassVar[str] = "BMv2 (simple_switch_grpc) over P4Runtime, default address 127.0.0.1:9559"
+
+    def __init__(self, grpc_addr: str = "127.0.0.1:9559", device_id: int = 0, pipeline: str | None = None) -> None:
+        self.grpc_addr, self.device_id, self.pipeline = grpc_addr, device_id, pipeline
+
+    @classmethod
+    def open(cls, options: TargetOptions) -> Bmv2Target:
+        return cls(options.address or "127.0.0.1:9559", options.device_id, options.pipeline)
+
+    @classmethod
+    def build(cls, out_dir: Path) -> dict[str, Path]:
+        pipeline = build(out_dir)
+        return {"BMv2 JSON": pipeline.json, "P4Info": pipeline.p4info}
+
+    def _session(self, pipeline: Pipeline | None = None) -> P4RuntimeSession:
+        return P4RuntimeSession(self.grpc_addr, self.device_id, pipeline)
+
+    def deploy(self, job: JobConfig) -> int:
+        """Install a job: admission entries, its multicast group, egress rewrites, L2 entries."""
+        _check_config(job)
+        pipe = build(self.pipeline) if self.pipeline else None
+        with self._session(pipe) as sh, _no_exit(f"deploying job {job.job_id}"):
+            deployed = _deployed(sh)
+            table = JobTable(NUM_SLOTS, MAX_JOBS, [_entry(j, *d) for j, d in deployed.items()])
+            generation = job.generation or new_generation()
+            table.check(JobEntry.from_config(job, generation))
+            index = min(set(range(MAX_JOBS)) - {params.group - 1 for _, params in deployed.values()})
+            _install_l2(sh, job)
+            group = sh.MulticastGroupEntry(index + 1)
+            for rank, (w, instance) in enumerate(zip(job.workers, replica_instances(job), strict=True)):
+                group.add(w.switch_port, instance)
+                rw = sh.TableEntry(REPLICA)(action="SaEgress.to_worker")
+                rw.match["std.mcast_grp"] = str(index + 1)
+                rw.match["std.egress_port"] = str(w.switch_port)
+                rw.match["std.egress_rid"] = str(instance)
+                rw.action["head"] = str(_result_head(job, w))
+                rw.action["version_type_worker"] = str(VERSION << 24 | PacketType.RESULT << 16 | rank)
+                rw.insert()
+            group.insert()
+            for rank in range(job.n_workers):
+                _admission_entry(sh, job, rank, index, generation).insert()
+        return generation
+
+    def reset(self, job_id: int) -> int:
+        """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
+        with self._session() as sh, _no_exit(f"resetting job {job_id}"):
+            entries, params = self._job(sh, job_id)
+            generation = new_generation(params.generation)
+            for e in entries:
+                e.action["job"] = str(params._replace(generation=generation).pack())
+                e.modify()
+        return generation
+
+    def undeploy(self, job_id: int) -> None:
+        with self._session() as sh, _no_exit(f"removing job {job_id}"):
+            entries, params = self._job(sh, job_id)
+            for e in entries:
+                e.delete()
+            for e in sh.TableEntry(REPLICA).read():
+                if _match(e, "std.mcast_grp") == params.group:
+                    e.delete()
+            sh.MulticastGroupEntry(params.group).delete()
+
+    def status(self, job_id: int) -> JobStatus:
+        """Counters read over P4Runtime (BMv2 reads no registers there: none are needed)."""
+        with self._session() as sh, _no_exit("reading counters"):
+            drops, _ = named_counters([_counter(sh, "SaIngress.global_drops", d) for d in GlobalDrop], None)
+            deployed = _deployed(sh).get(job_id)
+            if deployed is None:
+                return JobStatus(self.name, job_id, False, global_drops=drops)
+            counts = [_counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", job_id)
+                      for c in JobCounter]
+            return JobStatus.of(self.name, _entry(job_id, *deployed), named_counters(counts, counts)[1], drops)
+
+    def _job(self, sh: Any, job_id: int) -> tuple[list[Any], JobParams]:
+        """A deployed job's entries; a job that is not there is an error that says so."""
+        deployed = _deployed(sh).get(job_id)
+        if deployed is None:
+            raise ConfigError(f"job {job_id} is not deployed on {self.grpc_addr}")
+        return deployed

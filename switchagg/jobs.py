@@ -1,0 +1,186 @@
+"""What every target shares: the job table's entry, generations, drop reasons and a job's status.
+
+The embedded switch, BMv2 and Tofino hold the same jobs and count the same events, so these
+live here, outside all of them. The numeric values of the counters are the indices of the P4
+counter arrays (``p4/include/constants.p4``), and a test checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError
+from .wire import MAX_WORKERS
+
+if TYPE_CHECKING:
+    from .config import JobConfig
+
+Address = tuple[str, int]
+
+
+class GlobalDrop(enum.IntEnum):
+    """Drops before a packet is tied to a job, so they cannot be charged to one.
+
+    The last two are of IPv4 that a switch seeing frames (the P4 program, ``SwitchModel.process_frame``)
+    does not take; the embedded switch gets its datagrams from the kernel, which takes options and
+    reassembles fragments, so it never counts them.
+    """
+
+    MALFORMED = 0  # too short, lengths disagree (IPv4, UDP, count), bad type, reserved bits, worker >= 32
+    BAD_VERSION = 1
+    NOT_ADMITTED = 2  # no admission entry for (job, worker, source IP, source port, key)
+    IP_OPTIONS = 3  # an IPv4 header other than 20 bytes (options), UDP, sent to the switch
+    FRAGMENT = 4  # a fragment of a UDP datagram sent to the switch
+
+
+class JobCounter(enum.IntEnum):
+    """Per-job events: what was done, then each reason for a drop."""
+
+    CONTRIBUTIONS = 0  # contributions counted into a sum
+    RESULTS_MULTICAST = 1  # finished sums sent to every worker
+    RESULTS_UNICAST = 2  # stored sums resent to a worker that retransmitted
+    PROBES = 3  # probes answered
+    WRONG_GENERATION = 4  # a packet of another run of the job
+    SLOT_OUT_OF_RANGE = 5
+    BAD_COUNT = 6  # value count other than the job's K
+    STALE = 7  # a chunk older than the one the slot copy holds
+    DUPLICATE_PENDING = 8  # a repeat from a counted worker while the sum is unfinished
+
+
+JOB_DROPS = tuple(c for c in JobCounter if c >= JobCounter.WRONG_GENERATION)
+
+
+def new_generation(avoid: int = 0) -> int:
+    """A fresh 32-bit generation: random, so no two deployments are likely to share one.
+
+    Zero is never handed out: every register of a switch that just powered up holds it.
+    """
+    while True:
+        g = secrets.randbits(32)
+        if g not in (0, avoid):
+            return g
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """What admission knows about an installed job (the P4 admission entry's parameters)."""
+
+    job_id: int
+    generation: int
+    key: int
+    slot_base: int
+    slot_count: int
+    values_per_packet: int
+    workers: tuple[Address, ...]
+
+    @classmethod
+    def from_config(cls, config: JobConfig, generation: int) -> JobEntry:
+        return cls(config.job_id, generation, config.key, config.slot_base, config.slot_count,
+                   config.values_per_packet, tuple(w.address.tuple for w in config.workers))
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+
+class JobTable:
+    """The jobs installed on one switch of ``num_slots`` slots (and at most ``max_jobs`` jobs).
+
+    Every target keeps one: the embedded switch as its state, BMv2 and Tofino rebuilt from the
+    entries they read back, so that a job is refused for the same reasons, in the same words, on all.
+    """
+
+    def __init__(self, num_slots: int, max_jobs: int | None = None, entries: list[JobEntry] = ()) -> None:
+        self.num_slots, self.max_jobs = num_slots, max_jobs
+        self._jobs: dict[int, JobEntry] = {}
+        for entry in entries:
+            self._jobs[entry.job_id] = entry
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._jobs
+
+    def __iter__(self) -> Iterator[JobEntry]:
+        return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def as_dict(self) -> dict[int, JobEntry]:
+        return dict(self._jobs)
+
+    def check(self, entry: JobEntry) -> None:
+        """Raise a ConfigError that says what to change when ``entry`` cannot join the table."""
+        if entry.job_id in self._jobs:
+            raise ConfigError(f"job {entry.job_id} is already installed: undeploy it, or reset it for a new run")
+        if entry.slot_base + entry.slot_count > self.num_slots:
+            raise ConfigError(
+                f"job {entry.job_id} wants slots {entry.slot_base}..{entry.slot_base + entry.slot_count - 1}"
+                f" but the switch has {self.num_slots}: lower slot_base or slot_count")
+        mine = range(entry.slot_base, entry.slot_base + entry.slot_count)
+        for other in self._jobs.values():
+            theirs = range(other.slot_base, other.slot_base + other.slot_count)
+            if mine.start < theirs.stop and theirs.start < mine.stop:
+                raise ConfigError(
+                    f"job {entry.job_id}'s slots {mine.start}..{mine.stop - 1} overlap job "
+                    f"{other.job_id}'s {theirs.start}..{theirs.stop - 1}: give it another slot_base")
+        if not 1 <= entry.n_workers <= MAX_WORKERS:
+            raise ConfigError(f"job {entry.job_id} has {entry.n_workers} workers; 1..{MAX_WORKERS} are allowed")
+        if self.max_jobs is not None and len(self._jobs) >= self.max_jobs:
+            raise ConfigError(f"the switch already runs {self.max_jobs} jobs: undeploy one first")
+
+    def add(self, entry: JobEntry) -> None:
+        self.check(entry)
+        self._jobs[entry.job_id] = entry
+
+    def get(self, job_id: int) -> JobEntry:
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            raise ConfigError(f"job {job_id} is not installed on this switch: deploy it first")
+        return entry
+
+    def remove(self, job_id: int) -> JobEntry:
+        entry = self.get(job_id)
+        del self._jobs[job_id]
+        return entry
+
+    def replace(self, entry: JobEntry) -> None:
+        """An installed job's entry anew (a reset: its new generation)."""
+        self.get(entry.job_id)
+        self._jobs[entry.job_id] = entry
+
+
+def named_counters(global_counts: list[int], job_counts: list[int] | None) -> tuple[dict[str, int], dict[str, int]]:
+    """Counter arrays indexed as the P4 program indexes them, by name: switch-wide drops, one job's events."""
+    return ({d.name.lower(): int(global_counts[d]) for d in GlobalDrop},
+            {c.name.lower(): int(job_counts[c]) for c in JobCounter} if job_counts is not None else {})
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a target says about one job: whether it is installed there, how, and its counters.
+
+    The switch-wide drops are there either way, since they are what tells a user why a job's
+    packets never reached it.
+    """
+
+    target: str
+    job_id: int
+    installed: bool
+    generation: int = 0
+    slot_base: int = 0
+    slot_count: int = 0
+    n_workers: int = 0
+    counters: dict[str, int] = field(default_factory=dict)  # JobCounter names
+    global_drops: dict[str, int] = field(default_factory=dict)  # GlobalDrop names
+    transport: str = ""  # how the embedded switch's datagrams move, where there is one
+
+    @classmethod
+    def of(cls, target: str, entry: JobEntry, counters: dict[str, int], global_drops: dict[str, int],
+           transport: str = "") -> JobStatus:
+        """An installed job's status."""
+        return cls(target, entry.job_id, True, entry.generation, entry.slot_base, entry.slot_count,
+                   entry.n_workers, counters, global_drops, transport)

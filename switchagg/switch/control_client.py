@@ -1,0 +1,28 @@
+"""The embedded switch's control port, its client side: one request, one reply (see :mod:`.control`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from ..config import Endpoint
+from ..errors import ConfigError, SwitchAggError
+
+
+def request(endpoint: Endpoint, req: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
+    """Send one control request to an embedded switch and return its reply."""
+    try:
+        with socket.create_connection(endpoint.tuple, timeout=timeout) as conn:
+            conn.sendall(json.dumps(req).encode() + b"\n")
+            line = conn.makefile("rb").readline()
+    except OSError as exc:
+        raise SwitchAggError(
+            f"cannot reach the embedded switch's control port at {endpoint} ({exc}): "
+            "is `switchagg switch` running with this config?") from None
+    if not line:
+        raise SwitchAggError(f"the control port at {endpoint} closed the connection without replying")
+    reply = json.loads(line)
+    if "error" in reply:
+        raise ConfigError(f"the switch at {endpoint} refused {req.get('op')!r}: {reply['error']}")
+    return reply

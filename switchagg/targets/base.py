@@ -1,0 +1,66 @@
+"""The Target interface: what every switch that can run switchagg jobs offers its control plane.
+
+A target is one kind of switch (the embedded one, BMv2, Tofino), reached at one address. Its
+operations are the lifecycle of a job: ``deploy`` installs it, ``reset`` starts a new run (a new
+generation, so old state reads as empty), ``status`` reads its counters, ``undeploy`` removes it;
+``build`` compiles the target's data plane where it has one. An operation a target does not have
+raises :class:`UnsupportedOperation`, whose message says what to do instead.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..config import JobConfig
+from ..errors import SwitchAggError
+from ..jobs import JobStatus
+
+
+class UnsupportedOperation(SwitchAggError):
+    """This target has no such operation."""
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """How to reach a target: the job's config, and the control address and device of a P4 switch."""
+
+    config: JobConfig | None = None
+    address: str | None = None  # the target's control-plane address; each target has a default
+    device_id: int = 0
+    pipeline: str | None = None  # a build directory: compile into it and push the program before deploying
+
+
+class Target(abc.ABC):
+    """One switch's control plane. Construct one with :func:`switchagg.targets.open_target`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def open(cls, options: TargetOptions) -> Target:
+        """The target reached as ``options`` say (raises when they do not say enough)."""
+
+    @abc.abstractmethod
+    def deploy(self, job: JobConfig) -> int:
+        """Install ``job``; returns its generation."""
+
+    @abc.abstractmethod
+    def undeploy(self, job_id: int) -> None:
+        """Remove the job: its packets are no longer admitted."""
+
+    @abc.abstractmethod
+    def reset(self, job_id: int) -> int:
+        """Start a new run of the job; returns the new generation."""
+
+    @abc.abstractmethod
+    def status(self, job_id: int) -> JobStatus:
+        """The job's parameters (None when not installed) and counters, and the switch-wide drops."""
+
+    @classmethod
+    def build(cls, out_dir: Path) -> dict[str, Path]:
+        """Compile this target's data plane into ``out_dir``; returns what was made, by name."""
+        raise UnsupportedOperation(f"the {cls.name} target has no data plane to compile")
