@@ -8,7 +8,6 @@ hook next to the same steps with plain allreduce (:mod:`switchagg.ddp_demo`).
 
 from __future__ import annotations
 
-import time
 import traceback
 
 from .client import Client
@@ -16,7 +15,7 @@ from .config import JobConfig
 from .jobs import JOB_DROPS
 from .loopback import loopback_job, run_processes
 from .switch.server import SoftSwitch
-from .worker import check_sum, demo_inputs
+from .worker import checked_rounds
 
 
 def _worker(rank: int, queue, config_toml: str, size: int, rounds: int) -> None:
@@ -26,15 +25,11 @@ def _worker(rank: int, queue, config_toml: str, size: int, rounds: int) -> None:
         cfg = JobConfig.from_dict(tomllib.loads(config_toml))
         worst, ok, seconds = 0.0, True, 0.0
         with Client(cfg, rank) as client:
-            for r in range(rounds):
-                xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
-                t = time.perf_counter()
-                got = client.allreduce(xs[rank])
-                seconds += time.perf_counter() - t
-                err, good = check_sum(got, xs, cfg.values_per_packet)
-                worst, ok = max(worst, err), ok and good
+            for r in checked_rounds(client, size, rounds):
+                seconds += r.seconds
+                worst, ok = max(worst, r.max_error), ok and r.within_bound
                 if rank == 0:
-                    queue.put((rank, "progress", (r + 1, rounds, "allreduce")))
+                    queue.put((rank, "progress", (r.round + 1, rounds, "allreduce")))
             queue.put((rank, "result", {"max_error": worst, "within_bound": ok, "seconds": seconds,
                                         "backend": client.backend}))
     except Exception:  # noqa: BLE001 - the parent reports it

@@ -34,15 +34,23 @@ def free_ports(n: int, kind: int = socket.SOCK_DGRAM, host: str = "127.0.0.1") -
 
 
 def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: int | None = None,
-                 job_id: int = 1, key: int = 0x5EED5EED) -> JobConfig:
-    """A job whose switch and workers all live on 127.0.0.1 (slots: :func:`~switchagg.wire.default_slot_count`)."""
-    switch, *workers = free_ports(n_workers + 1)
-    (control,) = free_ports(1, socket.SOCK_STREAM)
+                 slot_base: int = 0, job_id: int = 1, key: int = 0x5EED5EED, switch_port: int | None = None,
+                 control_port: int | None = None) -> JobConfig:
+    """A job whose switch and workers all live on 127.0.0.1 (slots: :func:`~switchagg.wire.default_slot_count`).
+
+    The workers get free ports. The switch gets free ones too (UDP and control) unless ``switch_port``
+    names the one of a switch already running; its control port is then ``control_port``, if any.
+    """
+    if switch_port is None:
+        switch_port, *workers = free_ports(n_workers + 1)
+        (control_port,) = free_ports(1, socket.SOCK_STREAM)
+    else:
+        workers = free_ports(n_workers)
     return JobConfig(
-        switch=Endpoint("127.0.0.1", switch), control=Endpoint("127.0.0.1", control), job_id=job_id,
-        key=key, slot_base=0, slot_count=slot_count or default_slot_count(values_per_packet),
-        values_per_packet=values_per_packet,
-        workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
+        switch=Endpoint("127.0.0.1", switch_port),
+        control=Endpoint("127.0.0.1", control_port) if control_port else None, job_id=job_id, key=key,
+        slot_base=slot_base, slot_count=slot_count or default_slot_count(values_per_packet),
+        values_per_packet=values_per_packet, workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
 
 
 def spawn_switch(config: Path, ready_file: Path, *, prefix: Sequence[str] = (), timeout: float = 30.0,

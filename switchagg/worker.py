@@ -8,6 +8,8 @@ same check in its worker processes.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,19 +33,34 @@ def check_sum(got: np.ndarray, xs: list[np.ndarray], k: int) -> tuple[float, boo
     return float(err.max()), bool(np.all(err <= bound + np.abs(exact) * 2.0**-23))
 
 
+class CheckedRound(NamedTuple):
+    """One allreduce of seeded inputs: how long it took, its largest error, and whether that is in bound."""
+
+    round: int
+    seconds: float
+    max_error: float
+    within_bound: bool
+
+
+def checked_rounds(client: Client, size: int, rounds: int) -> Iterator[CheckedRound]:
+    """Allreduce ``rounds`` seeded inputs of ``size`` float32 with ``client``, checking each sum."""
+    cfg = client.config
+    for r in range(rounds):
+        xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
+        t = time.perf_counter()
+        got = client.allreduce(xs[client.rank])
+        took = time.perf_counter() - t
+        yield CheckedRound(r, took, *check_sum(got, xs, cfg.values_per_packet))
+
+
 def run_worker(config: str, rank: int, *, size: int, rounds: int) -> int:
     """``switchagg worker``: one worker of a job, checking each sum (every rank rebuilds every input)."""
-    cfg = JobConfig.from_file(config)
-    with Client(cfg, rank) as client:
-        for r in range(rounds):
-            xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
-            t = time.perf_counter()
-            got = client.allreduce(xs[rank])
-            took = time.perf_counter() - t
-            err, ok = check_sum(got, xs, cfg.values_per_packet)
-            print(f"round {r}: {size} float32 in {took * 1e3:.1f} ms ({size * 4 / took / 2**20:.2f} MiB/s), "
-                  f"max error {err:.3g} {'within' if ok else 'OUTSIDE'} the bound; window "
+    with Client(JobConfig.from_file(config), rank) as client:
+        for r in checked_rounds(client, size, rounds):
+            print(f"round {r.round}: {size} float32 in {r.seconds * 1e3:.1f} ms "
+                  f"({size * 4 / r.seconds / 2**20:.2f} MiB/s), max error {r.max_error:.3g} "
+                  f"{'within' if r.within_bound else 'OUTSIDE'} the bound; window "
                   f"{client.window.cwnd:.1f}, timeouts {client.window.losses}", flush=True)
-            if not ok:
+            if not r.within_bound:
                 return 1
     return 0

@@ -10,17 +10,14 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from switchagg import JobConfig, SoftSwitch
-from switchagg.config import Endpoint, WorkerSpec
-from switchagg.loopback import free_ports
+from switchagg.loopback import free_ports, loopback_job
 
 
-def loopback_config(n: int, *, switch_port: int, job_id: int = 1, slot_base: int = 0, slot_count: int = 16,
-                    k: int = 1024, control: int | None = None, key: int = 0xC0FFEE) -> JobConfig:
-    return JobConfig(
-        switch=Endpoint("127.0.0.1", switch_port),
-        control=Endpoint("127.0.0.1", control) if control else None,
-        job_id=job_id, key=key, slot_base=slot_base, slot_count=slot_count, values_per_packet=k,
-        workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in free_ports(n)))
+def loopback_config(n: int, *, switch_port: int, k: int = 1024, slot_count: int = 16, control: int | None = None,
+                    **kw) -> JobConfig:
+    """A loopback job for a switch already running on ``switch_port``: the tests' small defaults."""
+    return loopback_job(n, values_per_packet=k, slot_count=slot_count, switch_port=switch_port, control_port=control,
+                        **kw)
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.multiprocessing as tmp  # noqa: E402
 
-from .conftest import free_ports, loopback_config  # noqa: E402
+from switchagg.loopback import free_ports  # noqa: E402
+
+from .conftest import loopback_config  # noqa: E402
 from .ddp_worker import train  # noqa: E402
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from switchagg.errors import ConfigError
-from switchagg.switch.model import RESULTS_KEPT, STAGES, JobEntry, SwitchModel, chunk_is_newer
+from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
 from switchagg.switch.native import NativeSwitch
+from switchagg.switch.records import RESULTS_KEPT
 from switchagg.transport import sockaddr_in
 from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 

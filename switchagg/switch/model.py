@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import NamedTuple
 
 import numpy as np
 
@@ -35,10 +34,9 @@ from ..wire import (
     unpack_header,
     values_of,
 )
-from .registers import CopyState, slot_state
+from .records import RESULTS_KEPT, CopyState, Emit, slot_state
 
 STAGES = ("tag", "bitmap", "count", "exponent", "values")
-RESULTS_KEPT = 256  # results whose values stay valid (see Emit)
 _U32 = 0xFFFFFFFF
 
 
@@ -53,24 +51,6 @@ class TagOutcome(enum.IntEnum):
 def chunk_is_newer(chunk: int, stored: int) -> bool:
     """Serial-number order on 32-bit chunk ids (RFC 1982): newer within half the space."""
     return 0 < ((chunk - stored) & _U32) < 0x80000000
-
-
-class Emit(NamedTuple):
-    """A packet the switch sends: destination, header, and values (None for none).
-
-    The values are a read-only snapshot that the model reuses after
-    :data:`RESULTS_KEPT` more results: send (or copy) them before then. A server
-    sends what a batch of at most that many packets emitted, and allocates nothing
-    per result.
-    """
-
-    dst: Address
-    header: Header
-    values: np.ndarray | None
-
-    def payload(self) -> bytes:
-        head = self.header.pack()
-        return head if self.values is None else head + self.values.tobytes()
 
 
 class SwitchModel:

@@ -2,7 +2,7 @@
 
 :class:`NativeSwitch` is the twin of :class:`~switchagg.switch.model.SwitchModel`, not a
 subclass: the same rules, in the same order, with the same packets out, and its registers
-given in the same record (:class:`~switchagg.switch.registers.CopyState`), which a test
+given in the same record (:class:`~switchagg.switch.records.CopyState`), which a test
 compares with the model's after the same traces. In Python the switch spends more CPU per
 packet than the workers it serves. The job table is the shared one; admission, registers
 and counters live in C. The data plane takes a batch of datagrams (:meth:`process_batch`) as
@@ -22,8 +22,7 @@ from ..frames import datagram_of
 from ..jobs import Address, GlobalDrop, JobEntry, JobTable, named_counters
 from ..transport import NAME_SIZE, from_sockaddr_in, sockaddr_in
 from ..wire import HEADER_SIZE, MAX_WORKERS, unpack_header, values_of
-from .model import Emit
-from .registers import CopyState, slot_state
+from .records import CopyState, Emit, slot_state
 
 
 class NativeSwitch:

@@ -19,8 +19,9 @@ from ..jobs import JobEntry, new_generation
 from ..transport import MAX_UDP, UdpSocket
 from ..wire import UDP_PORT
 from .control import ControlServer
-from .model import RESULTS_KEPT, SwitchModel
+from .model import SwitchModel
 from .native import NativeSwitch
+from .records import RESULTS_KEPT
 
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions

@@ -1,4 +1,5 @@
-"""The state record both switch twins expose: one slot copy's registers, as a control plane reads them.
+"""The records both switch twins share: one slot copy's registers, as a control plane reads them,
+and a packet the switch sends.
 
 :class:`~switchagg.switch.model.SwitchModel` (Python) and
 :class:`~switchagg.switch.native.NativeSwitch` (C) keep their registers differently; each gives
@@ -10,9 +11,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..jobs import JobEntry
+import numpy as np
+
+from ..jobs import Address, JobEntry
+from ..wire import Header
 
 _U32 = 0xFFFFFFFF
+RESULTS_KEPT = 256  # results whose values stay valid (see Emit)
 
 
 class CopyState(NamedTuple):
@@ -33,3 +38,21 @@ def slot_state(job: JobEntry, copies: tuple[CopyState, CopyState]) -> list[dict[
         out.append({"copy": copy, "chunk": state.tag & _U32 if live else None,
                     "bitmap": state.bitmap if live else 0, "count": state.count if live else 0})
     return out
+
+
+class Emit(NamedTuple):
+    """A packet the switch sends: destination, header, and values (None for none).
+
+    The values are a read-only snapshot that the model reuses after
+    :data:`RESULTS_KEPT` more results: send (or copy) them before then. A server
+    sends what a batch of at most that many packets emitted, and allocates nothing
+    per result.
+    """
+
+    dst: Address
+    header: Header
+    values: np.ndarray | None
+
+    def payload(self) -> bytes:
+        head = self.header.pack()
+        return head if self.values is None else head + self.values.tobytes()
