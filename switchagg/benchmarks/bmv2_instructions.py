@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from ..config import Endpoint, JobConfig, WorkerSpec
 from ..targets import bmv2
 from ..targets.p4c import Pipeline, build, find_tool
+from ..wire import P4_VALUES_PER_PACKET
 from .bmv2_vs_forwarding import SLOTS, deepen_queues, deploy_forwarding, forwarding_pipeline, frames_for
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: build/ and the workers' PYTHONPATH
@@ -47,7 +48,7 @@ def job() -> JobConfig:
     """The bench's 2-worker job: workers behind switch ports 1 and 2, frames entering on port 0."""
     return JobConfig(
         switch=Endpoint(SWITCH.switch_ip, 16711), job_id=9, key=0x5EED, slot_base=0, slot_count=SLOTS,
-        values_per_packet=64, generation=0x5EED0001,
+        values_per_packet=P4_VALUES_PER_PACKET, generation=0x5EED0001,
         workers=tuple(WorkerSpec(Endpoint(f"10.77.0.{h}", 40009), mac=f"02:5a:00:00:00:{h:02x}", switch_port=h)
                       for h in (1, 2)))
 

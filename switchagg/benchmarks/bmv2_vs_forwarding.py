@@ -36,11 +36,11 @@ from bmv2_env.testbed import TestBed, missing_prerequisites
 from ..frames import udp_headers
 from ..targets import bmv2
 from ..targets.p4c import Pipeline, find_tool
-from ..wire import HEADER_SIZE, UDP_PORT, PacketType, make_header
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, PacketType, make_header
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: build/ and the workers' PYTHONPATH
 
-K, SLOTS = 64, 32
+K, SLOTS = P4_VALUES_PER_PACKET, 32
 
 
 def frames_for(bed: TestBed, cfg, generation: int):
