@@ -15,7 +15,7 @@ from switchagg.errors import ConfigError
 from switchagg.frames import ipv4_checksum
 from switchagg.jobs import GlobalDrop, JobCounter
 from switchagg.loopback import loopback_job
-from switchagg.targets import bmv2
+from switchagg.targets import bmv2, p4job
 
 P4 = Path(__file__).resolve().parents[1] / "p4"
 
@@ -102,7 +102,7 @@ def test_replica_instances_count_workers_before_on_the_same_port():
     ports = [3, 7, 3, 3, 7]
     cfg = dataclasses.replace(cfg, workers=tuple(dataclasses.replace(w, switch_port=p)
                                                  for w, p in zip(cfg.workers, ports, strict=True)))
-    assert bmv2.replica_instances(cfg) == [0, 0, 1, 2, 1]
+    assert p4job.replica_instances(cfg) == [0, 0, 1, 2, 1]
 
 
 def test_deploy_refuses_a_switch_port_the_program_does_not_take():

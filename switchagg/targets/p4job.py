@@ -1,0 +1,136 @@
+"""What a P4 switch holds for one job, whatever API writes it: the rows BMv2 and Tofino install.
+
+A job on a P4 target is an admission entry per worker (which packets belong to it, with the job's
+parameters), a multicast group of the job's workers, an egress rewrite per replica (the result's
+headers to that worker) and an L2 entry per worker host. :func:`plan` works these out from the
+job's config; :mod:`~switchagg.targets.bmv2` writes them over P4Runtime, ``tofino`` over BfRt, and
+both read a deployed job back into a :class:`~switchagg.jobs.JobEntry` with :func:`job_entry`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..config import JobConfig, WorkerSpec
+from ..errors import ConfigError
+from ..frames import mac_bytes, udp_headers
+from ..jobs import JobEntry
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
+
+BROADCAST = "ff:ff:ff:ff:ff:ff"
+
+
+class JobParams(NamedTuple):
+    """What admission gives an admitted packet: the admit action's ``job`` parameter, packed as the P4
+    programs keep it, so that admission writes one field."""
+
+    slot_count: int
+    group: int  # the job's multicast group: its index among the deployed jobs + 1
+    n_workers: int
+    generation: int
+
+    def pack(self) -> int:
+        return self.slot_count << 48 | self.group << 40 | self.n_workers << 32 | self.generation
+
+    @classmethod
+    def unpack(cls, job: int) -> JobParams:
+        return cls(job >> 48, job >> 40 & 0xFF, job >> 32 & 0xFF, job & 0xFFFFFFFF)
+
+
+class Admission(NamedTuple):
+    """One worker's admission entry: the match (job, worker, source, key) and the action's parameters."""
+
+    job_id: int
+    worker: int
+    ip: int  # the worker's IPv4 source address
+    port: int  # its UDP source port
+    key: int
+    slot_base: int
+    params: JobParams
+
+
+class Replica(NamedTuple):
+    """One multicast replica of a job's result: where it leaves and what egress writes into it."""
+
+    group: int
+    port: int  # the switch port
+    instance: int  # the replica id among the group's replicas on that port
+    head: int  # Ethernet (source left zero), IPv4 and UDP headers to the worker, 42 bytes as an integer
+    version_type_worker: int  # the switchagg header's first word: version, RESULT, flags 0, the worker
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything a P4 switch holds for one job."""
+
+    admission: list[Admission]
+    replicas: list[Replica]
+    hosts: list[tuple[int, int]]  # (worker MAC as an integer, switch port) for L2
+
+
+def check_config(cfg: JobConfig) -> None:
+    """Refuse, saying what to change, a job that a P4 program cannot serve."""
+    if cfg.values_per_packet != P4_VALUES_PER_PACKET:
+        raise ConfigError(f"job.values_per_packet = {cfg.values_per_packet}: the P4 program sums "
+                          f"{P4_VALUES_PER_PACKET} values per packet, set it to that")
+    if cfg.switch.port != UDP_PORT:
+        raise ConfigError(f"switch.address = '{cfg.switch.host}:{cfg.switch.port}': the P4 program takes "
+                          f"switchagg packets on UDP port {UDP_PORT}, write '{cfg.switch.host}:{UDP_PORT}'")
+    missing = [r for r, w in enumerate(cfg.workers) if w.mac is None or w.switch_port is None]
+    if missing:
+        raise ConfigError(f"workers {missing} need 'mac' and 'switch_port' for the P4 target")
+
+
+def replica_instances(cfg: JobConfig) -> list[int]:
+    """Each worker's multicast instance: how many of the job's workers come before it on its port.
+
+    A replica is (port, instance); with one worker per port (the usual case) every instance is 0.
+    """
+    seen: dict[int, int] = {}
+    instances = []
+    for w in cfg.workers:
+        instances.append(seen.get(w.switch_port, 0))
+        seen[w.switch_port] = instances[-1] + 1
+    return instances
+
+
+def result_head(cfg: JobConfig, w: WorkerSpec) -> int:
+    """A result's Ethernet, IPv4 and UDP headers to worker ``w`` as egress writes them, but for the
+    Ethernet source (zero here), which egress fills in with the address the sum was sent to."""
+    head = udp_headers(w.mac, "00:00:00:00:00:00", (cfg.switch.host, cfg.switch.port),
+                       (w.address.host, w.address.port), HEADER_SIZE + 4 * P4_VALUES_PER_PACKET)
+    return int.from_bytes(head, "big")
+
+
+def mac_int(mac: str) -> int:
+    return int.from_bytes(mac_bytes(mac), "big")
+
+
+def plan(cfg: JobConfig, group: int, generation: int) -> JobPlan:
+    """The rows of job ``cfg`` as multicast group ``group``, running generation ``generation``."""
+    check_config(cfg)
+    params = JobParams(cfg.slot_count, group, cfg.n_workers, generation)
+    admission = [Admission(cfg.job_id, rank, int(ipaddress.IPv4Address(w.address.host)), w.address.port, cfg.key,
+                           cfg.slot_base, params) for rank, w in enumerate(cfg.workers)]
+    replicas = [Replica(group, w.switch_port, instance, result_head(cfg, w),
+                        VERSION << 24 | PacketType.RESULT << 16 | rank)
+                for rank, (w, instance) in enumerate(zip(cfg.workers, replica_instances(cfg), strict=True))]
+    return JobPlan(admission, replicas, [(mac_int(w.mac), w.switch_port) for w in cfg.workers])
+
+
+def job_entry(rows: list[Admission]) -> JobEntry:
+    """A deployed job as the job table holds it, from its admission entries read back."""
+    workers = [("", 0)] * len(rows)
+    for row in rows:
+        workers[row.worker] = (str(ipaddress.IPv4Address(row.ip)), row.port)
+    first = rows[0]
+    return JobEntry(first.job_id, first.params.generation, first.key, first.slot_base, first.params.slot_count,
+                    P4_VALUES_PER_PACKET, tuple(workers))
+
+
+def free_group(deployed: list[JobParams], max_jobs: int) -> int:
+    """The lowest multicast group no deployed job uses (groups are 1..max_jobs)."""
+    used = {p.group for p in deployed}
+    return min(set(range(1, max_jobs + 1)) - used)
