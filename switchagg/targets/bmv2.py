@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from ..config import JobConfig
 from ..errors import ConfigError, SwitchAggError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
+from ..wire import VERSION, PacketType
 from .base import Target, TargetOptions
 from .p4c import Pipeline, build
 from .p4job import BROADCAST, Admission, JobParams, check_config, free_group, job_entry, mac_int, plan
@@ -186,8 +187,8 @@ class Bmv2Target(Target):
                 rw.match["std.mcast_grp"] = str(r.group)
                 rw.match["std.egress_port"] = str(r.port)
                 rw.match["std.egress_rid"] = str(r.instance)
-                rw.action["head"] = str(r.head)
-                rw.action["version_type_worker"] = str(r.version_type_worker)
+                rw.action["head"] = str(int.from_bytes(r.headers(), "big"))
+                rw.action["version_type_worker"] = str(VERSION << 24 | PacketType.RESULT << 16 | r.worker)
                 rw.insert()
             group.insert()
             for row in rows.admission:

@@ -13,11 +13,11 @@ import ipaddress
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..config import JobConfig, WorkerSpec
+from ..config import JobConfig
 from ..errors import ConfigError
 from ..frames import mac_bytes, udp_headers
 from ..jobs import JobEntry
-from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
+from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT
 
 BROADCAST = "ff:ff:ff:ff:ff:ff"
 
@@ -52,13 +52,23 @@ class Admission(NamedTuple):
 
 
 class Replica(NamedTuple):
-    """One multicast replica of a job's result: where it leaves and what egress writes into it."""
+    """One multicast replica of a job's result: where it leaves, and the worker egress addresses it to."""
 
     group: int
     port: int  # the switch port
-    instance: int  # the replica id among the group's replicas on that port
-    head: int  # Ethernet (source left zero), IPv4 and UDP headers to the worker, 42 bytes as an integer
-    version_type_worker: int  # the switchagg header's first word: version, RESULT, flags 0, the worker
+    instance: int  # the replica's number among the group's replicas on that port
+    worker: int
+    mac: int
+    ip: int
+    udp_port: int
+    switch_ip: int  # the source of the result: the address the workers send to
+
+    def headers(self) -> bytes:
+        """The result's Ethernet (source left zero: egress writes the address the sum was sent to), IPv4
+        and UDP headers."""
+        return udp_headers(mac_str(self.mac), "00:00:00:00:00:00", (str(ipaddress.IPv4Address(self.switch_ip)),
+                           UDP_PORT), (str(ipaddress.IPv4Address(self.ip)), self.udp_port),
+                           HEADER_SIZE + 4 * P4_VALUES_PER_PACKET)
 
 
 @dataclass(frozen=True)
@@ -96,16 +106,12 @@ def replica_instances(cfg: JobConfig) -> list[int]:
     return instances
 
 
-def result_head(cfg: JobConfig, w: WorkerSpec) -> int:
-    """A result's Ethernet, IPv4 and UDP headers to worker ``w`` as egress writes them, but for the
-    Ethernet source (zero here), which egress fills in with the address the sum was sent to."""
-    head = udp_headers(w.mac, "00:00:00:00:00:00", (cfg.switch.host, cfg.switch.port),
-                       (w.address.host, w.address.port), HEADER_SIZE + 4 * P4_VALUES_PER_PACKET)
-    return int.from_bytes(head, "big")
-
-
 def mac_int(mac: str) -> int:
     return int.from_bytes(mac_bytes(mac), "big")
+
+
+def mac_str(mac: int) -> str:
+    return ":".join(f"{b:02x}" for b in mac.to_bytes(6, "big"))
 
 
 def plan(cfg: JobConfig, group: int, generation: int) -> JobPlan:
@@ -114,8 +120,9 @@ def plan(cfg: JobConfig, group: int, generation: int) -> JobPlan:
     params = JobParams(cfg.slot_count, group, cfg.n_workers, generation)
     admission = [Admission(cfg.job_id, rank, int(ipaddress.IPv4Address(w.address.host)), w.address.port, cfg.key,
                            cfg.slot_base, params) for rank, w in enumerate(cfg.workers)]
-    replicas = [Replica(group, w.switch_port, instance, result_head(cfg, w),
-                        VERSION << 24 | PacketType.RESULT << 16 | rank)
+    switch_ip = int(ipaddress.IPv4Address(cfg.switch.host))
+    replicas = [Replica(group, w.switch_port, instance, rank, mac_int(w.mac), admission[rank].ip, w.address.port,
+                        switch_ip)
                 for rank, (w, instance) in enumerate(zip(cfg.workers, replica_instances(cfg), strict=True))]
     return JobPlan(admission, replicas, [(mac_int(w.mac), w.switch_port) for w in cfg.workers])
 
