@@ -1,4 +1,5 @@
-"""The P4 program's headers and constants agree with switchagg/wire.py and the counter enums."""
+"""The P4 programs' headers and constants agree with switchagg/wire.py and the counter enums (p4/include is
+what every architecture shares; p4/v1model and p4/tna the programs)."""
 
 from __future__ import annotations
 
@@ -18,36 +19,66 @@ from switchagg.loopback import loopback_job
 from switchagg.targets import bmv2, p4job
 
 P4 = Path(__file__).resolve().parents[1] / "p4"
+SHARED = P4 / "include"  # what every architecture shares: sizes, constants, the wire's headers
+V1MODEL_HEADERS = P4 / "v1model" / "include" / "headers.p4"
 
 
-def header_fields(name: str) -> list[tuple[str, int]]:
-    text = (P4 / "include" / "headers.p4").read_text()
+def header_fields(name: str, path: Path = SHARED / "headers.p4") -> list[tuple[str, int]]:
+    return [(f, bits) for f, bits, _ in typed_header_fields(name, path)]
+
+
+def typed_header_fields(name: str, path: Path = SHARED / "headers.p4") -> list[tuple[str, int, bool]]:
+    """A header's fields as (name, bits, signed), from ``bit<N>`` and ``int<N>`` declarations."""
+    text = path.read_text()
     body = re.search(r"header\s+" + name + r"\s*\{(.*?)\}", text, re.S).group(1)
-    return [(f, int(b)) for b, f in re.findall(r"bit<(\d+)>\s+(\w+);", body)]
+    return [(f, int(b), kind == "int") for kind, b, f in re.findall(r"\b(bit|int)<(\d+)>\s+(\w+);", body)]
 
 
 def constants() -> dict[str, int]:
-    text = (P4 / "include" / "constants.p4").read_text()
-    consts = {n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+);", text)}
-    consts.update({n: int(v, 0) for n, v in re.findall(r"#define\s+(SA_\w+)\s+(\d+)", text)})
+    """The shared numbers: typed constants of constants.p4 and the plain numbers of both files."""
+    consts: dict[str, int] = {}
+    for name in ("size.p4", "constants.p4"):
+        text = (SHARED / name).read_text()
+        consts.update({n: int(v, 0) for n, v in re.findall(r"const\s+bit<\d+>\s+(\w+)\s*=\s*(\w+);", text)})
+        consts.update({n: int(v, 0) for n, v in re.findall(r"#define\s+(SA_\w+)\s+(\d+)", text)})
     return consts
 
 
-def test_switchagg_header_matches_wire_fields():
-    """In order and width, each P4 field being one wire field or neighbours named after them (a_b_c)."""
+def test_switchagg_header_is_the_wire_fields():
+    """The shared header: one P4 field per wire field, in order, named, sized and signed as wire.py has them."""
+    assert typed_header_fields("switchagg_h") == [(f.name, f.bits, f.signed) for f in wire.FIELDS]
+    assert sum(b for _, b in header_fields("switchagg_h")) == 8 * wire.HEADER_SIZE
+
+
+def test_packed_switchagg_header_matches_wire_fields():
+    """v1model's: in order and width, each P4 field being one wire field or neighbours named after them (a_b_c)."""
     wire_fields = iter(wire.FIELDS)
-    for name, bits in header_fields("switchagg_h"):
+    for name, bits in header_fields("switchagg_packed_h", V1MODEL_HEADERS):
         parts = [next(wire_fields) for _ in name.split("_")]
         assert (name, bits) == ("_".join(f.name for f in parts), sum(f.bits for f in parts))
-    assert next(wire_fields, None) is None, "wire fields missing from switchagg_h"
+    assert next(wire_fields, None) is None, "wire fields missing from switchagg_packed_h"
+
+
+def test_outer_headers_are_ethernet_ipv4_udp():
+    widths = {name: sum(b for _, b in header_fields(name)) for name in ("ethernet_h", "ipv4_h", "udp_h")}
+    assert widths == {"ethernet_h": 14 * 8, "ipv4_h": 20 * 8, "udp_h": 8 * 8}
+    assert header_fields("outer_h", V1MODEL_HEADERS) == [("head", sum(widths.values()))]
+
+
+def test_k_is_stated_once():
+    """K = 64 has one definition on the P4 side, in size.p4; everything else derives from it."""
+    definition = re.compile(r"\s*(#define|const\s+\S+)\s+SA_VALUES\b")
+    definitions = [(path.relative_to(P4).as_posix(), line.strip()) for path in sorted(P4.rglob("*.p4"))
+                   for line in path.read_text().splitlines() if definition.match(line)]
+    assert definitions == [("include/size.p4", "#define SA_VALUES 64")]
 
 
 def test_values_header_is_k_int32():
-    assert header_fields("switchagg_values_h") == [("values", 32 * wire.P4_VALUES_PER_PACKET)]
+    assert header_fields("switchagg_values_h", V1MODEL_HEADERS) == [("values", 32 * wire.P4_VALUES_PER_PACKET)]
 
 
 def test_carry_mask_has_bit_31_of_every_value():
-    text = (P4 / "v1model" / "aggregation.p4").read_text()
+    text = V1MODEL_HEADERS.read_text()
     mask = int(re.search(r"#define SA_VALUE_TOPS 2048w0x([0-9a-f]+)", text).group(1), 16)
     assert mask == sum(1 << (32 * j + 31) for j in range(wire.P4_VALUES_PER_PACKET))
 
@@ -62,14 +93,22 @@ def test_constants_match():
     for d in GlobalDrop:
         assert c[f"SA_DROP_{d.name}"] == d.value
     assert c["SA_NUM_GLOBAL_DROPS"] == len(GlobalDrop)
+    for j in JobCounter:
+        assert c[f"SA_JOB_{j.name}"] == j.value
+    assert c["SA_NUM_JOB_COUNTERS"] == len(JobCounter) <= c["SA_JOB_COUNTER_STRIDE"]
+    stride = c["SA_JOB_COUNTER_STRIDE"]
+    assert stride & (stride - 1) == 0  # a power of two: the index is job ++ event
     assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
     assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
+    assert c["SA_MAX_JOBS"] < c["SA_FLOOD_GROUP"]  # job groups are 1..SA_MAX_JOBS
     assert c["SA_NUM_JOB_IDS"] == 1 << wire.FIELDS[[f.name for f in wire.FIELDS].index("job")].bits
+    assert c["SA_ADMISSION_SIZE"] == c["SA_REPLICA_SIZE"] == c["SA_MAX_JOBS"] * c["SA_MAX_WORKERS"]
+    assert c["SA_MAX_WORKERS"] * c["SA_MAX_JOBS"] <= c["SA_NUM_COPIES"]
 
 
 def header_mask(name: str) -> int:
-    """A mask of p4/include/headers.p4, ``((bit<336>)0x.. [<< n])``, as a number."""
-    text = (P4 / "include" / "headers.p4").read_text()
+    """A mask of p4/v1model/include/headers.p4, ``((bit<336>)0x.. [<< n])``, as a number."""
+    text = V1MODEL_HEADERS.read_text()
     value, shift = re.search(rf"#define {name}\s+\(\(bit<336>\)(0x[0-9a-f]+)(?: << (\d+))?\)", text).groups()
     return int(value, 16) << int(shift or 0)
 

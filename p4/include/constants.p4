@@ -1,7 +1,10 @@
-/* switchagg constants shared by every architecture. switchagg/wire.py and
- * switchagg/switch/counters.py define the same numbers; tests/test_p4_source.py checks they agree. */
+/* switchagg constants shared by every architecture: the wire format's numbers (switchagg/wire.py) and
+ * the counter indices (switchagg/jobs.py: GlobalDrop, JobCounter). tests/test_p4_source.py checks
+ * that they agree. */
 #ifndef SWITCHAGG_CONSTANTS_P4
 #define SWITCHAGG_CONSTANTS_P4
+
+#include "size.p4"
 
 const bit<16> SA_UDP_PORT = 16711;
 const bit<8>  SA_VERSION = 1;
@@ -9,24 +12,17 @@ const bit<8>  SA_TYPE_CONTRIB = 1;
 const bit<8>  SA_TYPE_RESULT = 2;
 const bit<8>  SA_TYPE_PROBE = 3;
 const bit<8>  SA_TYPE_PROBE_REPLY = 4;
-const bit<8>  SA_MAX_WORKERS = 32;
-const bit<16> SA_VALUES = 64;          /* K: int32 values per packet */
 const bit<16> SA_HEADER_BYTES = 24;
 /* UDP and IPv4 lengths of a contribution of SA_VALUES values */
 const bit<16> SA_CONTRIB_UDP_BYTES = 8 + SA_HEADER_BYTES + 4 * SA_VALUES;
 const bit<16> SA_CONTRIB_IP_BYTES = 20 + SA_CONTRIB_UDP_BYTES;
 const bit<8>  SA_FLAG_COPY = 0x01;
-/* What turns a contribution's type into a result's, and a probe's into a reply's, in place (xor) */
-const bit<32> SA_CONTRIB_TO_RESULT = (bit<32>)(SA_TYPE_CONTRIB ^ SA_TYPE_RESULT) << 16;
-const bit<32> SA_PROBE_TO_REPLY = (bit<32>)(SA_TYPE_PROBE ^ SA_TYPE_PROBE_REPLY) << 16;
 
-/* Aggregation pool: NUM_SLOTS slots, two shadow copies each. */
-#define SA_NUM_SLOTS 1024
-#define SA_NUM_COPIES 2048
-#define SA_MAX_JOBS 64
-#define SA_NUM_JOB_IDS 65536  /* per-job counters are indexed by the 16-bit job id */
+/* What a switchagg packet is carried in */
+const bit<16> SA_ETHERTYPE_IPV4 = 0x0800;
+const bit<8>  SA_IP_PROTOCOL_UDP = 17;
 
-/* Global drops (counter index). */
+/* Global drops (counter index): a packet not (yet) tied to a job. */
 const bit<32> SA_DROP_MALFORMED = 0;
 const bit<32> SA_DROP_BAD_VERSION = 1;
 const bit<32> SA_DROP_NOT_ADMITTED = 2;
@@ -34,8 +30,23 @@ const bit<32> SA_DROP_IP_OPTIONS = 3;
 const bit<32> SA_DROP_FRAGMENT = 4;
 #define SA_NUM_GLOBAL_DROPS 5
 
-/* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1
- * (SaIngress.result_to_all), so the job indices stay below it. */
+/* Per-job events (JobCounter): what was done, then each reason for a drop. The v1model program
+ * keeps one counter array per event, named after it; the TNA program one array whose index is
+ * the job's index times SA_JOB_COUNTER_STRIDE plus the event. */
+const bit<8>  SA_JOB_CONTRIBUTIONS = 0;
+const bit<8>  SA_JOB_RESULTS_MULTICAST = 1;
+const bit<8>  SA_JOB_RESULTS_UNICAST = 2;
+const bit<8>  SA_JOB_PROBES = 3;
+const bit<8>  SA_JOB_WRONG_GENERATION = 4;
+const bit<8>  SA_JOB_SLOT_OUT_OF_RANGE = 5;
+const bit<8>  SA_JOB_BAD_COUNT = 6;
+const bit<8>  SA_JOB_STALE = 7;
+const bit<8>  SA_JOB_DUPLICATE_PENDING = 8;
+#define SA_NUM_JOB_COUNTERS 9
+#define SA_JOB_COUNTER_STRIDE 16
+
+/* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1, so
+ * the job indices stay below it. */
 const bit<16> SA_FLOOD_GROUP = 1000;
 
 #endif

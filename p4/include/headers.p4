@@ -1,78 +1,54 @@
-/* Headers: Ethernet, IPv4 and UDP as one, and the switchagg header of switchagg/wire.py (FIELDS order). */
+/* The protocol's headers as they are on the wire, one P4 field per wire field: Ethernet, IPv4 (no
+ * options: a switchagg packet has none), UDP and the 24-byte switchagg header of switchagg/wire.py
+ * (FIELDS, in order and width; tests/test_p4_source.py checks them). The TNA program uses these as
+ * they are. The v1model program reads the same bytes through wider fields (p4/v1model/include/headers.p4),
+ * because BMv2 pays per field and not per bit. The values that follow the switchagg header are
+ * declared by each program: how K = SA_VALUES int32 values are best held differs by target. */
 #ifndef SWITCHAGG_HEADERS_P4
 #define SWITCHAGG_HEADERS_P4
 
-/* Ethernet, IPv4 and UDP as one 42-byte field, extracted from every frame: BMv2 pays per header
- * (its valid bit set and cleared, the emit, the copy into a replica) and per field (extracted,
- * emitted, copied, and re-encoded whenever written), not per bit. The program reads it through the
- * masks below and writes it whole. In a frame that is not IPv4 and UDP, the bytes past the Ethernet
- * header are not IPv4 and UDP: only the Ethernet destination is read there, and the frame leaves
- * unchanged. On Tofino (TNA) these are the usual three headers. */
-header outer_h {
-    bit<336> head;
+header ethernet_h {
+    bit<48> dst_addr;
+    bit<48> src_addr;
+    bit<16> ether_type;
 }
 
-/* Where each field sits in outer_h.head: Ethernet destination and source, EtherType; IPv4 version and
- * IHL, DSCP/ECN, total length, identification, flags and fragment offset, TTL, protocol, checksum,
- * source and destination; UDP source port, destination port, length and checksum. */
-#define OUTER_ETH_DST     ((bit<336>)0xffffffffffff << 288)
-#define OUTER_ETH_SRC     ((bit<336>)0xffffffffffff << 240)
-#define OUTER_ETHER_TYPE  ((bit<336>)0xffff << 224)
-#define OUTER_IHL         ((bit<336>)0x0f << 216)
-#define OUTER_IP_LENGTH   ((bit<336>)0xffff << 192)
-#define OUTER_FRAGMENT    ((bit<336>)0x3fff << 160)  /* more fragments, fragment offset */
-#define OUTER_PROTOCOL    ((bit<336>)0xff << 144)
-#define OUTER_IP_CHECKSUM ((bit<336>)0xffff << 128)
-#define OUTER_IP_SRC      ((bit<336>)0xffffffff << 96)
-#define OUTER_IP_DST      ((bit<336>)0xffffffff << 64)
-#define OUTER_UDP_SRC     ((bit<336>)0xffff << 48)
-#define OUTER_UDP_DST     ((bit<336>)0xffff << 32)
-#define OUTER_UDP_LENGTH  ((bit<336>)0xffff << 16)
-/* From the EtherType to the IPv4 protocol: what a reply keeps */
-#define OUTER_ETHER_TYPE_TO_IP_PROTOCOL ((bit<336>)0xffffffffffffffffffffffff << 144)
-/* Five 32-bit lanes (at bits 0, 32, .., 128) of 16 bits each, for the IPv4 checksum of a reply
- * (aggregation.p4, reply_to_sender): head >> 80 masked by the first holds the IPv4 header's words
- * 1, 3, .., 9 (counting from 1), head >> 64 masked by the second its words 2, 4, .., 10 less the
- * checksum (word 6). Their sum holds the header's sum in five parts, which a product by the third
- * adds up in its lane at bit 128. */
-#define IP_WORD_LANES              ((bit<336>)0x0000ffff0000ffff0000ffff0000ffff0000ffff)
-#define IP_WORD_LANES_BUT_CHECKSUM ((bit<336>)0x0000ffff0000ffff000000000000ffff0000ffff)
-#define IP_WORD_LANE_ONES          ((bit<336>)0x0000000100000001000000010000000100000001)
+header ipv4_h {
+    bit<4>  version;
+    bit<4>  ihl;
+    bit<8>  diffserv;
+    bit<16> total_len;
+    bit<16> identification;
+    bit<3>  flags;        /* reserved, don't fragment, more fragments */
+    bit<13> frag_offset;
+    bit<8>  ttl;
+    bit<8>  protocol;
+    bit<16> hdr_checksum;
+    bit<32> src_addr;
+    bit<32> dst_addr;
+}
 
-/* The switchagg header: 24 bytes, big-endian, the fields of switchagg/wire.py in order. Fields the
- * program writes or counts by stand alone; neighbours it only reads, or writes together, share one
- * P4 field named after them (tests/test_p4_source.py checks the names and widths against wire.py),
- * for the reasons of outer_h. */
+header udp_h {
+    bit<16> src_port;
+    bit<16> dst_port;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+/* The switchagg header: 24 bytes, big-endian, the fields of switchagg/wire.py in order. */
 header switchagg_h {
-    bit<32> version_type_flags_worker;
+    bit<8>  version;
+    bit<8>  type;
+    bit<8>  flags;       /* bit 0: the slot's shadow copy; bits 1-7 must be 0 */
+    bit<8>  worker;      /* rank 0..31; in a RESULT, the recipient */
     bit<16> job;
-    bit<16> slot;
-    bit<64> chunk_generation;
+    bit<16> slot;        /* within the job's range */
+    bit<32> chunk;       /* compared in serial-number order */
+    bit<32> generation;
     bit<32> key;
-    bit<8>  exponent;   /* int8 on the wire; compared as signed in the exponent stage */
-    bit<24> reserved_count;
-}
-
-/* Where each field sits in the shared ones */
-#define SA_VERSION_BITS    32w0xff000000
-#define SA_TYPE_BITS       32w0x00ff0000
-#define SA_FLAGS_BITS      32w0x0000ff00
-#define SA_WORKER_BITS     32w0x000000ff
-#define SA_GENERATION_BITS 64w0x00000000ffffffff
-
-/* K = 64 int32 values (two's complement, summed modulo 2^32) as one 2048-bit field: value j is
- * bits [2047-32j : 2016-32j], which is the wire order. BMv2 pays per field and per primitive, not
- * per bit, so one wide field costs a sixty-fourth of 64 narrow ones; on Tofino it is 64 32-bit
- * registers again, one stateful ALU each. */
-header switchagg_values_h {
-    bit<2048> values;
-}
-
-struct headers_t {
-    outer_h            outer;
-    switchagg_h        sa;
-    switchagg_values_h vals;
-    sa_local_h         local;  /* working state: never valid, never emitted (metadata.p4) */
+    int<8>  exponent;    /* the proposal (CONTRIB) or the maximum kept (RESULT); -128: none */
+    bit<8>  reserved;
+    bit<16> count;       /* K, the int32 values that follow */
 }
 
 #endif

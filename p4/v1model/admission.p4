@@ -31,7 +31,7 @@ control Admission(inout headers_t hdr, inout standard_metadata_t std)(counter<bi
         }
         actions = { admit; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = SA_ADMISSION_SIZE;
     }
 
     apply {

@@ -14,16 +14,13 @@
  * operator, and p4c (run without LocalCopyPropagation, switchagg/control/build.py) spills a ternary
  * into two temporaries (docs/protocol.md, section 8). */
 
-/* Bit 31 of each of the 64 32-bit values in the 2048-bit values field. */
-#define SA_VALUE_TOPS 2048w0x80000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000
-
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* chunk id ++ generation held by the copy */
     register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* workers counted: how many [39:32], which [31:0] */
     register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
     register<bit<2048>, bit<32>>(SA_NUM_COPIES) values;  /* the K sums, 32 bits each */
 
-    /* Per job: one array per event of switchagg.switch.counters.JobCounter, named after it and indexed
+    /* Per job: one array per event of switchagg.jobs.JobCounter, named after it and indexed
      * by the job's id, so that counting needs neither index arithmetic nor a field from admission. */
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_contributions;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_multicast;

@@ -28,7 +28,7 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
         }
         actions = { to_worker; NoAction; }
         default_action = NoAction();
-        size = 2048;
+        size = SA_REPLICA_SIZE;
     }
 
     /* Only a replica of a finished sum is in the table (its job's group, its worker's port and

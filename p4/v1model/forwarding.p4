@@ -29,7 +29,7 @@ control Forwarding(inout headers_t hdr, inout standard_metadata_t std)(counter<b
         key = { hdr.outer.head & OUTER_ETH_DST: exact @name("eth_dst"); }
         actions = { to_port; flood; drop; }
         default_action = drop();
-        size = 1024;
+        size = SA_L2_SIZE;
     }
 
     apply {

@@ -6,9 +6,10 @@
 #define V1MODEL_VERSION 20200408  /* counters and registers typed by their index */
 #include <v1model.p4>
 
-#include "../include/constants.p4"
-#include "../include/metadata.p4"
-#include "../include/headers.p4"
+#include "../include/constants.p4"  /* and ../include/size.p4 */
+#include "../include/headers.p4"    /* the wire's headers; this program reads them through include/headers.p4 */
+#include "include/metadata.p4"
+#include "include/headers.p4"
 #include "parser.p4"
 #include "validation.p4"
 #include "aggregation.p4"
@@ -17,7 +18,7 @@
 #include "egress.p4"
 
 control SaIngress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_metadata_t std) {
-    /* Drops before a packet is tied to a job, by reason (switchagg.switch.counters.GlobalDrop). */
+    /* Drops before a packet is tied to a job, by reason (switchagg.jobs.GlobalDrop). */
     counter<bit<32>>(SA_NUM_GLOBAL_DROPS, CounterType.packets) global_drops;
     Validation(global_drops) validation;
     Admission(global_drops) admission;

@@ -24,7 +24,7 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
         transition select(hdr.sa.version_type_flags_worker, hdr.sa.reserved_count, hdr.outer.head) {
             ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16
              &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
-                 | (bit<32>)(bit<8>)~(SA_MAX_WORKERS - 1),
+                 | (bit<32>)~((bit<8>)SA_MAX_WORKERS - 1),
              (bit<24>)SA_VALUES,
              (bit<336>)SA_CONTRIB_IP_BYTES << 192 | (bit<336>)SA_CONTRIB_UDP_BYTES << 16
              &&& OUTER_IP_LENGTH | OUTER_UDP_LENGTH): parse_values;

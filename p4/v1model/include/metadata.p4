@@ -1,4 +1,5 @@
-/* Per-packet working state: what admission found and what each aggregation stage read and decided.
+/* The v1model program's per-packet working state: what admission found and what each aggregation
+ * stage read and decided.
  *
  * On BMv2 it is the fields of a header that is never valid, not user metadata: BMv2 sets every
  * metadata field to zero on every packet it receives (about 650 instructions a field) and copies
@@ -6,9 +7,9 @@
  * field and does neither (setValid would zero them). Every field is written before it is read on
  * every path that reads it, so nothing depends on a reset. P4 leaves the fields of an invalid header
  * unspecified, so this is a choice for BMv2 that tests/test_bmv2.py holds to the model; on Tofino
- * (TNA) this is plain metadata. */
-#ifndef SWITCHAGG_METADATA_P4
-#define SWITCHAGG_METADATA_P4
+ * (TNA) the working state is plain metadata. */
+#ifndef SWITCHAGG_V1MODEL_METADATA_P4
+#define SWITCHAGG_V1MODEL_METADATA_P4
 
 header sa_local_h {
     bit<2048> held;        /* values stage: the sums the copy holds, read to add the packet's to */
