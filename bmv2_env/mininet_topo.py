@@ -93,7 +93,7 @@ def main():
             h.cmd(f"ethtool -K h{i}-eth0 tx off rx off")
             h.cmd(f"ip neigh replace {SWITCH_IP} lladdr {SWITCH_MAC} dev h{i}-eth0 nud permanent")
         subprocess.run([switchagg, "deploy", "--target", "bmv2", "--config", f.name, "--pipeline",
-                        os.path.join(ROOT, "build", "p4")], check=True, cwd=ROOT)
+                        os.path.join(ROOT, "build", "bmv2")], check=True, cwd=ROOT)
         if not args.run:
             CLI(net)
             return 0

@@ -93,8 +93,12 @@ def _cmd_reset(args: argparse.Namespace) -> int:
 def _cmd_build_p4(args: argparse.Namespace) -> int:
     from .targets import target_class
 
-    for name, path in target_class(args.target).build(Path(args.out)).items():
-        print(f"{name + ':':<14} {path}")
+    target = target_class(args.target)
+    out = Path(args.out or f"build/{args.target}")
+    for name, path in target.build(out).items():
+        print(f"{name + ':':<16} {path}")
+    if args.resources:
+        print(target.resources(out))
     return 0
 
 
@@ -186,9 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(p)
     p.set_defaults(fn=_cmd_reset)
 
-    p = sub.add_parser("build-p4", help="compile the P4 program for a target (bmv2: BMv2 JSON and P4Info)")
+    p = sub.add_parser("build-p4", help="compile the P4 program for a target (bmv2: BMv2 JSON and P4Info; "
+                                        "tofino, tofino2: bf-p4c's binary, context.json and bfrt.json)")
     _target_choice(p, "bmv2")
-    p.add_argument("--out", default="build/p4", help="output directory (build artifacts, not sources)")
+    p.add_argument("--out", help="output directory (default: build/<target>)")
+    p.add_argument("--resources", action="store_true",
+                   help="then print the compiler's resource report: stages, SRAM/TCAM, stateful ALUs, PHV")
     p.set_defaults(fn=_cmd_build_p4)
 
     p = sub.add_parser("deploy", help="install a job on a switch (P4: admission, multicast group, egress rewrites)")

@@ -82,7 +82,7 @@ _RAN: dict[str, dict[str, int]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    for kind in ("bmv2", "netns"):
+    for kind in ("bmv2", "netns", "tofino"):
         if kind in report.keywords and (report.when == "call" or report.outcome != "passed"):
             counts = _RAN.setdefault(kind, {})
             counts[report.outcome] = counts.get(report.outcome, 0) + 1

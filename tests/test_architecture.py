@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("codec", "protocol", "config", "jobs", "frames", "scapy_layer", "torch_payloads", "payloads"),  # sans-I/O core
     ("switch.records", "switch.model", "switch.native", "switch.control", "switch.control_client",
      "switch.server"),  # the switch: semantics, then the server around them
-    ("targets.base", "targets.p4c", "targets.p4job", "targets.soft", "targets.bmv2", "targets"),  # control planes
+    ("targets.base", "targets.p4c", "targets.p4job", "targets.bfrt", "targets.tofino_build", "targets.soft",
+     "targets.bmv2", "targets.tofino", "targets"),  # control planes
     ("client", "loopback", "ddp"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
      "benchmarks.loss", "benchmarks.throughput", "", "__main__", "switch"),  # programs

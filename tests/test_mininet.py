@@ -21,7 +21,7 @@ def test_mininet_topology_runs_an_allreduce():
     probe = subprocess.run(["/usr/bin/python3", "-c", "import mininet.net"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("Debian's mininet is not installed (apt-get install mininet)")
-    build(ROOT / "build" / "p4")
+    build(ROOT / "build" / "bmv2")
     out = subprocess.run(["/usr/bin/python3", str(ROOT / "bmv2_env" / "mininet_topo.py"), "--workers", "2", "--run"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

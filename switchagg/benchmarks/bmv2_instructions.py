@@ -94,7 +94,7 @@ def run(program: str, n: int, folder: Path, wait: float, grpc_port: int, thrift_
                                        "raise --wait") from None
                 time.sleep(1)
         if program == "switchagg":
-            bmv2.Bmv2Target(addr, pipeline=str(ROOT / "build" / "p4")).deploy(cfg)
+            bmv2.Bmv2Target(addr, pipeline=str(ROOT / "build" / "bmv2")).deploy(cfg)
         else:
             deploy_forwarding(addr, SWITCH.switch_mac, forwarding)
         deepen_queues(thrift_port, depth=n)
@@ -140,7 +140,7 @@ def main() -> int:
         print(f"cannot run: needs root and {', '.join(missing) or 'nothing else'} (valgrind: apt install valgrind)",
               file=sys.stderr)
         return 2
-    build(ROOT / "build" / "p4")  # before the runs, which deploy it side by side
+    build(ROOT / "build" / "bmv2")  # before the runs, which deploy it side by side
     fwd = forwarding_pipeline()
     counts = {"switchagg": (args.frames // 3, args.frames), "forwarding": (args.frames // 3, args.frames)}
     per_frame: dict[str, float] = {}

@@ -9,8 +9,9 @@ from ..errors import ConfigError
 from .base import Target, TargetOptions, UnsupportedOperation
 from .bmv2 import Bmv2Target
 from .soft import SoftTarget
+from .tofino import Tofino2Target, TofinoTarget
 
-TARGETS: dict[str, type[Target]] = {t.name: t for t in (SoftTarget, Bmv2Target)}
+TARGETS: dict[str, type[Target]] = {t.name: t for t in (SoftTarget, Bmv2Target, TofinoTarget, Tofino2Target)}
 
 __all__ = ["TARGETS", "Target", "TargetOptions", "UnsupportedOperation", "open_target", "target_class"]
 

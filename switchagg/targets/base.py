@@ -64,3 +64,9 @@ class Target(abc.ABC):
     def build(cls, out_dir: Path) -> dict[str, Path]:
         """Compile this target's data plane into ``out_dir``; returns what was made, by name."""
         raise UnsupportedOperation(f"the {cls.name} target has no data plane to compile")
+
+    @classmethod
+    def resources(cls, out_dir: Path) -> str:
+        """The compiler's report of what a build in ``out_dir`` uses of the chip, as lines a person reads."""
+        raise UnsupportedOperation(f"the {cls.name} target's compiler writes no resource report "
+                                   "(only the Tofino targets' does)")

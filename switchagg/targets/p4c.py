@@ -16,12 +16,12 @@ MAIN = P4_DIR / "v1model" / "main.p4"
 TOOL_DIRS = ("/opt/p4/bin", "/usr/local/bin", "/usr/bin")
 
 
-def find_tool(name: str) -> str | None:
-    """``name`` on PATH, or in the usual install prefixes of a hand-built toolchain."""
+def find_tool(name: str, dirs: tuple[str, ...] = TOOL_DIRS) -> str | None:
+    """``name`` on PATH, or in ``dirs``, the usual install prefixes of a hand-built toolchain."""
     found = shutil.which(name)
     if found:
         return found
-    for d in TOOL_DIRS:
+    for d in dirs:
         if os.access(Path(d) / name, os.X_OK):
             return str(Path(d) / name)
     return None
@@ -50,7 +50,7 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def build(out_dir: str | Path = "build/p4") -> Pipeline:
+def build(out_dir: str | Path = "build/bmv2") -> Pipeline:
     """Compile ``p4/v1model/main.p4`` into ``out_dir`` (skipped when sources and options did not change)."""
     if not MAIN.exists():
         raise SwitchAggError(f"the P4 sources are not at {P4_DIR}: build from a checkout of switchagg")

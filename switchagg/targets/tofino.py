@@ -1,0 +1,223 @@
+"""The Tofino targets: install, reset, remove and watch jobs on bf_switchd over BfRt, and compile
+``p4/tna`` for Tofino 1 (``tofino``) and Tofino 2 (``tofino2``).
+
+What a job needs is :mod:`~switchagg.targets.p4job`'s plan, as for BMv2; the layout the rows
+serve (stages, passes, registers) is in ``docs/tofino.md``. The names below are the compiled
+program's, as ``bfrt.json`` spells them; ``tests/test_tofino.py`` holds every one of them to the
+``bfrt.json`` the compiler wrote, so a rename in the P4 cannot silently break a deployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from ..config import JobConfig
+from ..errors import ConfigError
+from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
+from .base import Target, TargetOptions
+from .bfrt import BfrtSession, Row, TableSession
+from .p4job import BROADCAST, Admission, JobParams, Replica, check_config, free_group, job_entry, mac_int, plan
+from .tofino_build import Chip, build, resources
+
+MAX_JOBS = 64  # SA_MAX_JOBS (p4/include/size.p4)
+NUM_SLOTS = 1024  # SA_NUM_SLOTS
+MAX_WORKERS = 32  # SA_MAX_WORKERS: rids are job index * 32 + rank + 1
+FLOOD_GROUP = 1000  # SA_FLOOD_GROUP
+JOB_COUNTER_STRIDE = 16  # SA_JOB_COUNTER_STRIDE
+PORTS_PER_PIPE = 128
+
+ADMISSION = "pipe.SaIngress.admission.admission"
+ADMIT = "SaIngress.admission.admit"
+REPLICA = "pipe.SaEgress.replica"
+TO_WORKER = "SaEgress.to_worker"
+L2 = "pipe.SaIngress.forwarding.l2"
+TO_PORT = "SaIngress.forwarding.to_port"
+FLOOD = "SaIngress.forwarding.flood"
+RECIRCULATION_PORTS = "pipe.SaIngressParser.recirculation_ports"
+GLOBAL_DROPS = "pipe.SaIngress.global_drops"
+JOB_COUNTERS = "pipe.SaIngress.job_counters"
+PRE_NODE = "$pre.node"  # the SDE's fixed tables of the packet replication engine
+PRE_MGID = "$pre.mgid"
+
+# What the control plane writes, as bfrt.json must have it: table -> (key fields, {action: parameters}).
+# Counters and parser value sets have their data fields instead of actions.
+TABLES: dict[str, tuple[tuple[str, ...], dict[str | None, tuple[str, ...]]]] = {
+    ADMISSION: (("job", "worker", "src_addr", "src_port", "key"),
+                {ADMIT: ("job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers",
+                         "all_workers", "recirc_port")}),
+    REPLICA: (("rid",), {TO_WORKER: ("eth_dst", "ip_src", "ip_dst", "udp_dst", "worker")}),
+    L2: (("eth_dst",), {TO_PORT: ("port",), FLOOD: ()}),
+    RECIRCULATION_PORTS: (("f1",), {None: ()}),
+    GLOBAL_DROPS: (("$COUNTER_INDEX",), {None: ("$COUNTER_SPEC_PKTS",)}),
+    JOB_COUNTERS: (("$COUNTER_INDEX",), {None: ("$COUNTER_SPEC_PKTS",)}),
+}
+
+
+def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
+    """The recirculation port of the pipe all of the job's workers are on (registers are per pipe)."""
+    pipes = {w.switch_port // PORTS_PER_PIPE for w in cfg.workers}
+    if len(pipes) != 1:
+        raise ConfigError(f"job {cfg.job_id}'s workers are on pipes {sorted(pipes)}: a job's state lives in one "
+                          "pipe's registers, so connect all its workers to ports of one pipe")
+    return pipes.pop() * PORTS_PER_PIPE + chip.recirculation_port
+
+
+def _rid(r: Replica) -> int:
+    return (r.group - 1) * MAX_WORKERS + r.worker + 1
+
+
+def _admission_key(row: Admission) -> dict[str, int]:
+    return {"job": row.job_id, "worker": row.worker, "src_addr": row.ip, "src_port": row.port, "key": row.key}
+
+
+def _admit(row: Admission, recirc_port: int) -> dict[str, int]:
+    workers = (1 << row.params.n_workers) - 1
+    return {"job_index": row.params.group - 1, "slot_base": row.slot_base, "slot_count": row.params.slot_count,
+            "generation": row.params.generation, "worker_bit": 1 << row.worker,
+            "other_workers": workers & ~(1 << row.worker), "all_workers": workers, "recirc_port": recirc_port}
+
+
+def _admission_row(row: Row) -> Admission:
+    d = row.data
+    params = JobParams(d["slot_count"], d["job_index"] + 1, bin(d["all_workers"]).count("1"), d["generation"])
+    return Admission(row.key["job"], row.key["worker"], row.key["src_addr"], row.key["src_port"], row.key["key"],
+                     d["slot_base"], params)
+
+
+class TofinoTarget(Target):
+    """bf_switchd at ``address`` (device ``device_id``) running ``p4/tna`` compiled for Tofino 1."""
+
+    name: ClassVar[str] = "tofino"
+    summary: ClassVar[str] = "Tofino 1 (bf_switchd) over BfRt gRPC, default address 127.0.0.1:50052"
+    chip: ClassVar[Chip] = Chip.TOFINO
+
+    def __init__(self, address: str = "127.0.0.1:50052", device_id: int = 0,
+                 session: Callable[[], TableSession] | None = None) -> None:
+        self.address, self.device_id = address, device_id
+        self._session = session or (lambda: BfrtSession(address, device_id))
+
+    @classmethod
+    def open(cls, options: TargetOptions) -> TofinoTarget:
+        if options.pipeline:
+            raise ConfigError("--pipeline: bf_switchd loads the program at start (its --conf-file); build it with "
+                              f"`switchagg build-p4 --target {cls.name}` and start bf_switchd with it")
+        return cls(options.address or "127.0.0.1:50052", options.device_id)
+
+    @classmethod
+    def build(cls, out_dir: Path) -> dict[str, Path]:
+        return build(cls.chip, out_dir)
+
+    @classmethod
+    def resources(cls, out_dir: Path) -> str:
+        return resources(cls.chip, out_dir)
+
+    def deploy(self, job: JobConfig) -> int:
+        """Install a job: L2 and flood group, recirculation port, multicast nodes and group, egress
+        rewrites, zeroed counters, then the admission entries that let its packets in."""
+        check_config(job)
+        recirc = recirculation_port(self.chip, job)
+        with self._session() as s:
+            deployed = _deployed(s)
+            table = JobTable(NUM_SLOTS, MAX_JOBS, [job_entry(rows) for rows in deployed.values()])
+            generation = job.generation or new_generation()
+            table.check(JobEntry.from_config(job, generation))
+            rows = plan(job, free_group([rows[0].params for rows in deployed.values()], MAX_JOBS), generation)
+            _install_l2(s, rows.hosts)
+            if not any(r.key["f1"] == recirc for r in s.entries(RECIRCULATION_PORTS)):
+                s.add(RECIRCULATION_PORTS, {"f1": recirc}, {})
+            for r in rows.replicas:
+                s.add(PRE_NODE, {"$MULTICAST_NODE_ID": _rid(r)},
+                      {"$MULTICAST_RID": _rid(r), "$MULTICAST_LAG_ID": [], "$DEV_PORT": [r.port]})
+            nodes = [_rid(r) for r in rows.replicas]
+            s.add(PRE_MGID, {"$MGID": rows.replicas[0].group},
+                  {"$MULTICAST_NODE_ID": nodes, "$MULTICAST_NODE_L1_XID_VALID": [False] * len(nodes),
+                   "$MULTICAST_NODE_L1_XID": [0] * len(nodes)})
+            for r in rows.replicas:
+                s.add(REPLICA, {"rid": _rid(r)}, {"eth_dst": r.mac, "ip_src": r.switch_ip, "ip_dst": r.ip,
+                                                  "udp_dst": r.udp_port, "worker": r.worker}, TO_WORKER)
+            index = rows.replicas[0].group - 1
+            for c in JobCounter:
+                s.modify(JOB_COUNTERS, {"$COUNTER_INDEX": index * JOB_COUNTER_STRIDE + c}, {"$COUNTER_SPEC_PKTS": 0})
+            for row in rows.admission:
+                s.add(ADMISSION, _admission_key(row), _admit(row, recirc), ADMIT)
+        return generation
+
+    def reset(self, job_id: int) -> int:
+        """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
+        with self._session() as s:
+            rows = self._job(s, job_id)
+            generation = new_generation(rows[0].params.generation)
+            for e in s.entries(ADMISSION):
+                if e.key["job"] == job_id:
+                    s.modify(ADMISSION, e.key, {**e.data, "generation": generation}, ADMIT)
+        return generation
+
+    def undeploy(self, job_id: int) -> None:
+        with self._session() as s:
+            rows = self._job(s, job_id)
+            for row in rows:
+                s.delete(ADMISSION, _admission_key(row))
+            group = rows[0].params.group
+            s.delete(PRE_MGID, {"$MGID": group})
+            for row in rows:
+                rid = (group - 1) * MAX_WORKERS + row.worker + 1
+                s.delete(REPLICA, {"rid": rid})
+                s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
+
+    def status(self, job_id: int) -> JobStatus:
+        """Counters read over BfRt; the job's parameters from its admission entries."""
+        with self._session() as s:
+            drops, _ = named_counters([s.counter(GLOBAL_DROPS, d) for d in GlobalDrop], None)
+            rows = _deployed(s).get(job_id)
+            if rows is None:
+                return JobStatus(self.name, job_id, False, global_drops=drops)
+            base = (rows[0].params.group - 1) * JOB_COUNTER_STRIDE
+            counts = [s.counter(JOB_COUNTERS, base + c) for c in JobCounter]
+            return JobStatus.of(self.name, job_entry(rows), named_counters(counts, counts)[1], drops)
+
+    def _job(self, s: TableSession, job_id: int) -> list[Admission]:
+        rows = _deployed(s).get(job_id)
+        if rows is None:
+            raise ConfigError(f"job {job_id} is not deployed on {self.address}")
+        return rows
+
+
+class Tofino2Target(TofinoTarget):
+    """The same, for Tofino 2 (``p4/tna`` compiled for T2NA)."""
+
+    name: ClassVar[str] = "tofino2"
+    summary: ClassVar[str] = "Tofino 2 (bf_switchd) over BfRt gRPC, default address 127.0.0.1:50052"
+    chip: ClassVar[Chip] = Chip.TOFINO2
+
+
+def _deployed(s: TableSession) -> dict[int, list[Admission]]:
+    """Every deployed job's admission rows, by job id, in rank order."""
+    jobs: dict[int, list[Admission]] = {}
+    for e in s.entries(ADMISSION):
+        row = _admission_row(e)
+        jobs.setdefault(row.job_id, []).append(row)
+    return {job: sorted(rows, key=lambda r: r.worker) for job, rows in jobs.items()}
+
+
+def _install_l2(s: TableSession, hosts: list[tuple[int, int]]) -> None:
+    """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
+    entries = s.entries(L2)
+    present = {e.key["eth_dst"] for e in entries}
+    ports = {e.data["port"] for e in entries if e.action == TO_PORT}
+    first = not entries
+    for mac, port in hosts:
+        if mac not in present:
+            s.add(L2, {"eth_dst": mac}, {"port": port}, TO_PORT)
+            present.add(mac)
+            ports.add(port)
+    if mac_int(BROADCAST) not in present:
+        s.add(L2, {"eth_dst": mac_int(BROADCAST)}, {}, FLOOD)
+    node = {"$MULTICAST_RID": 0, "$MULTICAST_LAG_ID": [], "$DEV_PORT": sorted(ports)}
+    group = {"$MULTICAST_NODE_ID": [0], "$MULTICAST_NODE_L1_XID_VALID": [False], "$MULTICAST_NODE_L1_XID": [0]}
+    if first:
+        s.add(PRE_NODE, {"$MULTICAST_NODE_ID": 0}, node)
+        s.add(PRE_MGID, {"$MGID": FLOOD_GROUP}, group)
+    else:
+        s.modify(PRE_NODE, {"$MULTICAST_NODE_ID": 0}, node)

@@ -1,0 +1,145 @@
+"""The Tofino targets: p4/tna compiled for tofino and tofino2 by the open Tofino compiler, its fit, and
+the BfRt control plane held to the bfrt.json the compiler wrote.
+
+The compile tests need bf-p4c (README, "Tofino"); they skip elsewhere with the reason, and
+scripts/test requires them where it finds the compiler. No Tofino model runs here: the control
+plane's calls go to :class:`tests.bfrt_schema.SchemaSession`, which refuses what bf_switchd would
+refuse by name, field or width, and keeps what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from switchagg.config import Endpoint
+from switchagg.errors import ConfigError, SwitchAggError
+from switchagg.jobs import JobCounter
+from switchagg.loopback import loopback_job
+from switchagg.targets import TARGETS, tofino, tofino_build
+from switchagg.wire import P4_VALUES_PER_PACKET, UDP_PORT
+
+from . import bfrt_schema
+from .conftest import need
+
+ROOT = Path(__file__).resolve().parents[1]
+CHIPS = [tofino.TofinoTarget, tofino.Tofino2Target]
+
+
+def p4_job(n: int, *, job_id: int = 1, slot_base: int = 0, slot_count: int = 32, ports: list[int] | None = None):
+    """A job for a P4 switch at 10.0.0.254 whose workers hang off ``ports`` (1, 2, .. by default)."""
+    cfg = loopback_job(n, values_per_packet=P4_VALUES_PER_PACKET, slot_count=slot_count, slot_base=slot_base,
+                       job_id=job_id)
+    ports = ports or list(range(1, n + 1))
+    workers = tuple(dataclasses.replace(w, address=Endpoint(f"10.0.0.{r + 1}", 40000 + r),
+                                        mac=f"02:00:00:00:00:{r + 1:02x}", switch_port=ports[r])
+                    for r, w in enumerate(cfg.workers))
+    return dataclasses.replace(cfg, switch=Endpoint("10.0.0.254", UDP_PORT), workers=workers)
+
+
+@pytest.fixture(scope="module", params=CHIPS, ids=lambda t: t.name)
+def compiled(request, tmp_path_factory) -> tuple[type[tofino.TofinoTarget], Path]:
+    """p4/tna compiled for one chip (once per test run; build/ keeps it between runs)."""
+    try:
+        tofino_build.compiler()
+    except SwitchAggError as exc:
+        need("tofino", str(exc))
+    target = request.param
+    out = ROOT / "build" / "test" / target.name
+    target.build(out)
+    return target, out
+
+
+@pytest.fixture
+def switch(compiled) -> tuple[tofino.TofinoTarget, bfrt_schema.SchemaSession]:
+    target, out = compiled
+    session = bfrt_schema.SchemaSession(bfrt_schema.load(out / "bfrt.json"))
+    return target(session=lambda: session), session
+
+
+@pytest.mark.tofino
+def test_the_program_fits_the_chip(compiled):
+    target, out = compiled
+    report = target.resources(out)
+    stages = tofino_build.stages_used(out)
+    assert stages and all(0 < n <= target.chip.stages for n in stages.values()), stages
+    assert f"of {target.chip.stages} MAU stages" in report and "stateful ALUs" in report and "PHV" in report
+
+
+@pytest.mark.tofino
+def test_every_name_the_control_plane_uses_is_in_bfrt_json(compiled):
+    _, out = compiled
+    tables = bfrt_schema.load(out / "bfrt.json")
+    for name, (keys, actions) in tofino.TABLES.items():
+        assert name in tables, f"{name} is not in {out / 'bfrt.json'}"
+        assert sorted(tables[name].keys) == sorted(keys), name
+        for action, params in actions.items():
+            assert action in tables[name].actions, f"{name} has no action {action}"
+            assert set(params) <= set(tables[name].actions[action]), (name, action)
+
+
+@pytest.mark.tofino
+def test_deploy_status_reset_undeploy(switch):
+    target, session = switch
+    cfg = p4_job(3, job_id=7, slot_base=8)
+    generation = target.deploy(cfg)
+    status = target.status(7)
+    assert (status.installed, status.generation, status.slot_base, status.slot_count, status.n_workers) == (
+        True, generation, 8, 32, 3)
+    admission = session.entries(tofino.ADMISSION)
+    assert sorted(r.data["worker_bit"] for r in admission) == [1, 2, 4]
+    assert {r.data["all_workers"] for r in admission} == {7}
+    assert {r.data["recirc_port"] for r in admission} == {target.chip.recirculation_port}
+    replicas = session.entries(tofino.REPLICA)
+    assert sorted((r.data["worker"], r.data["udp_dst"]) for r in replicas) == [(0, 40000), (1, 40001), (2, 40002)]
+    (group,) = [r for r in session.entries(tofino.PRE_MGID) if r.key["$MGID"] != tofino.FLOOD_GROUP]
+    assert sorted(group.data["$MULTICAST_NODE_ID"]) == sorted(r.key["rid"] for r in replicas)
+
+    session.counters[(tofino.JOB_COUNTERS, (group.key["$MGID"] - 1) * 16 + JobCounter.STALE)] = 5
+    assert target.status(7).counters["stale"] == 5
+
+    new = target.reset(7)
+    assert new != generation and target.status(7).generation == new
+    assert {r.data["generation"] for r in session.entries(tofino.ADMISSION)} == {new}
+
+    target.undeploy(7)
+    assert not target.status(7).installed
+    for table in (tofino.ADMISSION, tofino.REPLICA):
+        assert session.entries(table) == []
+    assert [r.key["$MGID"] for r in session.entries(tofino.PRE_MGID)] == [tofino.FLOOD_GROUP]
+
+
+@pytest.mark.tofino
+def test_two_jobs_get_their_own_groups_and_slots_do_not_overlap(switch):
+    target, session = switch
+    target.deploy(p4_job(2, job_id=1, slot_base=0, ports=[1, 2]))
+    target.deploy(p4_job(4, job_id=2, slot_base=32, ports=[3, 4, 5, 6]))
+    groups = sorted(r.key["$MGID"] for r in session.entries(tofino.PRE_MGID))
+    assert groups == [1, 2, tofino.FLOOD_GROUP]
+    with pytest.raises(ConfigError, match="overlap"):
+        target.deploy(p4_job(2, job_id=3, slot_base=16))
+    target.undeploy(1)
+    assert target.status(2).installed and target.status(2).n_workers == 4
+
+
+def test_a_job_across_pipes_is_refused():
+    cfg = p4_job(2, ports=[1, tofino.PORTS_PER_PIPE + 1])
+    with pytest.raises(ConfigError, match="one pipe"):
+        tofino.TofinoTarget(session=lambda: None).deploy(cfg)
+
+
+def test_the_recirculation_port_is_the_pipe_s():
+    assert tofino.recirculation_port(tofino_build.Chip.TOFINO, p4_job(1, ports=[130])) == 128 + 68
+    assert tofino.recirculation_port(tofino_build.Chip.TOFINO2, p4_job(1, ports=[300])) == 256 + 6
+
+
+def test_without_the_sde_the_error_says_what_to_install(monkeypatch):
+    if importlib.util.find_spec("bfrt_grpc") is not None:
+        pytest.skip("the SDE's BfRt client is installed here")
+    monkeypatch.delenv("SDE_INSTALL", raising=False)
+    monkeypatch.delenv("SDE", raising=False)
+    with pytest.raises(SwitchAggError, match="SDE_INSTALL"):
+        TARGETS["tofino"]("127.0.0.1:1").status(1)
