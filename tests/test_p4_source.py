@@ -149,3 +149,87 @@ def test_deploy_refuses_a_switch_port_the_program_does_not_take():
                               switch=Endpoint("10.0.0.1", wire.UDP_PORT + 1))
     with pytest.raises(ConfigError, match=f"UDP port {wire.UDP_PORT}"):
         bmv2.Bmv2Target("127.0.0.1:1").deploy(cfg)  # refused before it connects
+
+
+# The TNA program (p4/tna): its own types against the shared sizes, and the layout docs/tofino.md describes.
+TNA = P4 / "tna"
+TNA_TYPES = TNA / "include" / "types.p4"
+
+
+def tna_typedefs() -> dict[str, int]:
+    text = TNA_TYPES.read_text()
+    return {"PortId_t": 9, **{n: int(b) for b, n in re.findall(r"typedef\s+bit<(\d+)>\s+(\w+);", text)}}
+
+
+def header_width(name: str) -> int:
+    """A TNA header's width in bits, padding and typedef'd fields included."""
+    body = re.search(r"header\s+" + name + r"\s*\{(.*?)\}", TNA_TYPES.read_text(), re.S).group(1)
+    widths = tna_typedefs()
+    bits = 0
+    for decl in re.findall(r"^\s*(?:@padding\s+)?(bit<\d+>|\w+)\s+\w+;", body, re.M):
+        bits += int(decl[4:-1]) if decl.startswith("bit<") else widths[decl]
+    return bits
+
+
+def test_tna_index_widths_hold_the_pool():
+    c, t = constants(), tna_typedefs()
+    assert 1 << t["cell_t"] == c["SA_NUM_SLOTS"]
+    assert 1 << t["copy_index_t"] == c["SA_NUM_COPIES"]
+    assert 1 << t["value_index_t"] == 2 * c["SA_NUM_COPIES"]  # both halves of every copy
+    assert re.search(r"#define SA_VALUE_CELLS (\d+)", TNA_TYPES.read_text()).group(1) == str(2 * c["SA_NUM_COPIES"])
+    assert 1 << t["job_index_t"] == c["SA_MAX_JOBS"]
+    assert 1 << t["job_event_t"] == c["SA_JOB_COUNTER_STRIDE"]
+    assert t["job_counter_index_t"] == t["job_index_t"] + t["job_event_t"]
+
+
+def test_tna_values_are_halves_of_k():
+    fields = header_fields("sa_values_h", TNA_TYPES)
+    assert fields == [(f"v{j:02d}", 32) for j in range(wire.P4_VALUES_PER_PACKET // 2)]
+    assert "#define SA_VALUES_PER_PASS (SA_VALUES / 2)" in TNA_TYPES.read_text()
+
+
+def test_tna_bridged_headers_are_whole_bytes():
+    for name in ("sa_bridge_h", "sa_recirc_h"):
+        assert header_width(name) % 8 == 0, name
+
+
+def test_tna_one_value_register_per_value_four_to_a_stage():
+    """values.p4: one register per value of a half, four (a stage's stateful ALUs) to a group; decide runs
+    the first group, group_1 .. group_7 the others."""
+    text = (TNA / "values.p4").read_text()
+    groups = [(int(g), [int(v) for v in vs.split(",")])
+              for g, vs in re.findall(r"^\s*SA_VALUE_GROUP\((\d+),([\d, ]+)\)", text, re.M)]
+    assert [g for g, _ in groups] == list(range(len(groups)))
+    assert all(len(vs) == 4 for _, vs in groups)
+    assert sorted(v for _, vs in groups for v in vs) == list(range(wire.P4_VALUES_PER_PACKET // 2))
+    assert re.findall(r"^\s*SA_VALUE_GROUP_TABLE\((\d+)\)", text, re.M) == [str(g) for g, _ in groups[1:]]
+    assert re.findall(r"group_(\d+)\.apply\(\);", text) == [str(g) for g, _ in groups[1:]]
+
+
+def test_tna_a_repeat_is_told_by_each_workers_bit():
+    """Both passes' decisions: a worker whose bit the half's bitmap already had sent a repeat."""
+    every = [(str(w), str(w), str(w)) for w in range(wire.MAX_WORKERS)]
+    first = (TNA / "values.p4").read_text()
+    assert re.findall(r"\(0, _, SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): first_read\(\);", first) == every
+    second = (TNA / "aggregation.p4").read_text()
+    assert re.findall(r"\(SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): read\(\);", second) == every
+
+
+def test_tna_control_plane_names():
+    """The names docs/tofino.md gives the control plane, as the source declares them."""
+    admission = (TNA / "admission.p4").read_text()
+    keys = re.search(r"table admission \{\s*key = \{(.*?)\}", admission, re.S).group(1)
+    assert re.findall(r'@name\("(\w+)"\)', keys) == ["job", "worker", "src_addr", "src_port", "key"]
+    params = re.search(r"action admit\((.*?)\)", admission, re.S).group(1)
+    assert [p.split()[-1] for p in params.split(",")] == [
+        "job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers", "all_workers",
+        "recirc_port"]
+    egress = (TNA / "egress.p4").read_text()
+    assert 'eg_intr_md.egress_rid: exact @name("rid")' in egress
+    params = re.search(r"action to_worker\((.*?)\)", egress, re.S).group(1)
+    assert [p.split()[-1] for p in params.split(",")] == ["eth_dst", "ip_src", "ip_dst", "udp_dst", "worker"]
+    assert 'hdr.ethernet.dst_addr: exact @name("eth_dst")' in (TNA / "forwarding.p4").read_text()
+    assert "value_set<PortId_t>(4) recirculation_ports;" in (TNA / "parser.p4").read_text()
+    main = (TNA / "main.p4").read_text()
+    assert "Counter<bit<32>, bit<8>>(SA_NUM_GLOBAL_DROPS, CounterType_t.PACKETS) global_drops;" in main
+    assert "(SA_MAX_JOBS * SA_JOB_COUNTER_STRIDE, CounterType_t.PACKETS) job_counters;" in main

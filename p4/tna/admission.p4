@@ -1,0 +1,43 @@
+/* Admission: the table the control plane fills, (job, worker, source IP, source UDP port, key) -> the
+ * job's parameters, one entry per worker (a job reset rewrites the generation of its entries). It is
+ * looked up for every switchagg header in the first stage, whether or not the packet later proves
+ * well formed, so that a contribution reaches the tag stage one stage later; what validation drops
+ * never uses what it found. */
+
+control Admission(in sa_headers_t hdr, inout sa_ingress_metadata_t md) {
+    /* The job's parameters, and what the next stage tests them by: the copy's slot in the pool, the
+     * packet's generation against the job's (0 when equal), its slot against the job's slot count
+     * (negative when the job has it). The workers as bitmaps, so that no stage shifts: worker_bit
+     * is 1 << worker, all_workers (1 << n) - 1, other_workers all_workers without worker_bit.
+     * recirc_port is the recirculation port of the pipe the job's workers are on. */
+    action admit(job_index_t job_index, bit<16> slot_base, bit<32> slot_count, bit<32> generation,
+                 bit<32> worker_bit, bit<32> other_workers, bit<32> all_workers, PortId_t recirc_port) {
+        md.admitted = 1;
+        md.job_index = job_index;
+        md.cell = slot_base + hdr.sa.slot;
+        md.generation = generation;
+        md.generation_diff = hdr.sa.generation ^ generation;
+        md.slot_over = (bit<32>)hdr.sa.slot - slot_count;
+        md.worker_bit = worker_bit;
+        md.other_workers = other_workers;
+        md.all_workers = all_workers;
+        md.recirc_port = recirc_port;
+    }
+
+    table admission {
+        key = {
+            hdr.sa.job: exact @name("job");
+            hdr.sa.worker: exact @name("worker");
+            hdr.ipv4.src_addr: exact @name("src_addr");
+            hdr.udp.src_port: exact @name("src_port");
+            hdr.sa.key: exact @name("key");
+        }
+        actions = { admit; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = SA_ADMISSION_SIZE;
+    }
+
+    apply {
+        admission.apply();
+    }
+}

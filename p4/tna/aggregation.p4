@@ -1,0 +1,200 @@
+/* The state of a slot copy other than its values, in the order one packet touches it (docs/protocol.md
+ * section 8, docs/tofino.md): the tag (a generation register, then a chunk register), the workers
+ * counted, and the exponent. Each register has one stateful ALU, is read-modify-written at most once
+ * per pass, in a stage after every stage it depends on; every register powers up as 0 and generation
+ * 0 is never installed, so a copy that holds another generation's tag is empty.
+ *
+ * Each half of a copy's values has its own tag and workers (CopyState, once per pass), and each pass
+ * runs the model's state machine on its half. Without a loss both halves go through the same
+ * sequence, so they decide alike; if a recirculated packet is lost, the second half lacks that
+ * worker until its retransmission, which the first half takes as a repeat and the second as the
+ * contribution it missed. The second pass decides what becomes of the packet, and the exponent
+ * follows its half.
+ *
+ * The count of workers is not kept apart from the bitmap: a half is complete when its bitmap holds
+ * the job's workers (all_workers), and that needs no second read-modify-write. */
+
+/* A half's copy index, (slot_base + slot) ++ copy: the first pass has the cell from admission (stage
+ * 0), the second from the parser, so that its state starts in stage 0. */
+#define SA_HALF_COPY_INDEX \
+    (second_half ? hdr.recirc.cell ++ hdr.sa.flags[0:0] : md.cell[9:0] ++ hdr.sa.flags[0:0])
+
+control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md)(bool second_half) {
+    /* The generation the half holds. Another generation (the job's previous runs, another job's,
+     * power-up zeros) means the half is empty: the packet's (the job's) is written and the chunk
+     * stage starts the half afresh. */
+    Register<bit<32>, copy_index_t>(SA_NUM_COPIES, 0) tag_generation;
+    RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_generation) tag_generation_update = {
+        void apply(inout bit<32> value, out bit<8> changed) {
+            changed = 0;
+            if (value != hdr.sa.generation) {
+                value = hdr.sa.generation;
+                changed = 1;
+            }
+        }
+    };
+
+    /* The chunk the half holds. A chunk newer in serial-number order (chunk - held, as a signed
+     * 32-bit number, above 0: the sign of the wrapped difference, which the stateful ALU compares as
+     * such) is fresh and replaces it; the same chunk counts the worker; an older one is stale and
+     * changes nothing. */
+    Register<bit<32>, copy_index_t>(SA_NUM_COPIES, 0) tag_chunk;
+    RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_chunk) tag_chunk_start = {
+        void apply(inout bit<32> value) {
+            value = hdr.sa.chunk;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_chunk) tag_chunk_compare = {
+        void apply(inout bit<32> value, out bit<8> tag) {
+            if ((int<32>)hdr.sa.chunk - (int<32>)value > 0) {
+                value = hdr.sa.chunk;
+                tag = SA_TAG_FRESH;
+            } else if (value == hdr.sa.chunk) {
+                tag = SA_TAG_SAME;
+            } else {
+                tag = SA_TAG_STALE;
+            }
+        }
+    };
+
+    /* The workers counted, one bit per rank. A fresh chunk starts the bitmap with the worker's bit
+     * alone (nobody counted before); the chunk the half holds adds it, and returns the bitmap as it
+     * was, from which the next stage tells a new worker from a repeat. */
+    Register<bit<32>, copy_index_t>(SA_NUM_COPIES, 0) workers;
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(workers) workers_start = {
+        void apply(inout bit<32> value) {
+            value = md.worker_bit;
+        }
+    };
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(workers) workers_add = {
+        void apply(inout bit<32> value, out bit<32> before) {
+            before = value;
+            value = value | md.worker_bit;
+        }
+    };
+
+    action check_generation() {
+        md.new_generation = tag_generation_update.execute(SA_HALF_COPY_INDEX);
+    }
+    action start_chunk() {
+        tag_chunk_start.execute(SA_HALF_COPY_INDEX);
+        md.tag = SA_TAG_FRESH;
+    }
+    action compare_chunk() {
+        md.tag = tag_chunk_compare.execute(SA_HALF_COPY_INDEX);
+    }
+    action start_workers() {
+        workers_start.execute(SA_HALF_COPY_INDEX);
+        md.workers_before = 0;
+    }
+    action add_worker() {
+        md.workers_before = workers_add.execute(SA_HALF_COPY_INDEX);
+    }
+
+    /* Tag, then workers: three stages. A stale chunk stops after the tag. */
+    apply {
+        check_generation();
+        if (md.new_generation == 1) {
+            start_chunk();
+        } else {
+            compare_chunk();
+        }
+        if (md.tag == SA_TAG_FRESH) {
+            start_workers();
+        } else if (md.tag == SA_TAG_SAME) {
+            add_worker();
+        }
+    }
+}
+
+/* The second pass's decision, in the stage after its workers stage: the op on its half (a fresh
+ * chunk: WRITE; the chunk the half holds, from a worker whose bit was set: READ, a repeat; else ADD),
+ * the job's workers the half still lacks with this packet's (none: complete), and the exponent, the
+ * signed maximum of the proposals (int8): written by a fresh chunk, raised by a new worker (the
+ * packet carries the maximum on, to the result), read into the packet by a repeat. */
+control ExponentStage(inout sa_headers_t hdr, inout sa_ingress_metadata_t md) {
+    Register<int<8>, copy_index_t>(SA_NUM_COPIES, 0) exponent;
+    RegisterAction<int<8>, copy_index_t, int<8>>(exponent) exponent_write = {
+        void apply(inout int<8> value) {
+            value = hdr.sa.exponent;
+        }
+    };
+    RegisterAction<int<8>, copy_index_t, int<8>>(exponent) exponent_max = {
+        void apply(inout int<8> value, out int<8> kept) {
+            value = max(value, hdr.sa.exponent);
+            kept = value;
+        }
+    };
+    RegisterAction<int<8>, copy_index_t, int<8>>(exponent) exponent_read = {
+        void apply(inout int<8> value, out int<8> kept) {
+            kept = value;
+        }
+    };
+
+    action write() {
+        md.op = SA_OP_WRITE;
+        md.workers_missing = md.other_workers;
+        exponent_write.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
+    }
+    action add() {
+        md.op = SA_OP_ADD;
+        md.workers_missing = md.workers_before ^ md.other_workers;
+        hdr.sa.exponent = exponent_max.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
+    }
+    action read() {
+        md.op = SA_OP_READ;
+        md.workers_missing = md.workers_before ^ md.all_workers;
+        hdr.sa.exponent = exponent_read.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
+    }
+
+    table exponent_op {
+        key = {
+            md.tag: ternary;
+            md.workers_before: ternary;
+            hdr.sa.worker: ternary;
+        }
+        actions = { write; add; read; @defaultonly NoAction; }
+        const entries = {
+            (SA_TAG_FRESH, _, _): write();
+            (SA_TAG_SAME, 32w1 << 0 &&& 32w1 << 0, 0): read();
+            (SA_TAG_SAME, 32w1 << 1 &&& 32w1 << 1, 1): read();
+            (SA_TAG_SAME, 32w1 << 2 &&& 32w1 << 2, 2): read();
+            (SA_TAG_SAME, 32w1 << 3 &&& 32w1 << 3, 3): read();
+            (SA_TAG_SAME, 32w1 << 4 &&& 32w1 << 4, 4): read();
+            (SA_TAG_SAME, 32w1 << 5 &&& 32w1 << 5, 5): read();
+            (SA_TAG_SAME, 32w1 << 6 &&& 32w1 << 6, 6): read();
+            (SA_TAG_SAME, 32w1 << 7 &&& 32w1 << 7, 7): read();
+            (SA_TAG_SAME, 32w1 << 8 &&& 32w1 << 8, 8): read();
+            (SA_TAG_SAME, 32w1 << 9 &&& 32w1 << 9, 9): read();
+            (SA_TAG_SAME, 32w1 << 10 &&& 32w1 << 10, 10): read();
+            (SA_TAG_SAME, 32w1 << 11 &&& 32w1 << 11, 11): read();
+            (SA_TAG_SAME, 32w1 << 12 &&& 32w1 << 12, 12): read();
+            (SA_TAG_SAME, 32w1 << 13 &&& 32w1 << 13, 13): read();
+            (SA_TAG_SAME, 32w1 << 14 &&& 32w1 << 14, 14): read();
+            (SA_TAG_SAME, 32w1 << 15 &&& 32w1 << 15, 15): read();
+            (SA_TAG_SAME, 32w1 << 16 &&& 32w1 << 16, 16): read();
+            (SA_TAG_SAME, 32w1 << 17 &&& 32w1 << 17, 17): read();
+            (SA_TAG_SAME, 32w1 << 18 &&& 32w1 << 18, 18): read();
+            (SA_TAG_SAME, 32w1 << 19 &&& 32w1 << 19, 19): read();
+            (SA_TAG_SAME, 32w1 << 20 &&& 32w1 << 20, 20): read();
+            (SA_TAG_SAME, 32w1 << 21 &&& 32w1 << 21, 21): read();
+            (SA_TAG_SAME, 32w1 << 22 &&& 32w1 << 22, 22): read();
+            (SA_TAG_SAME, 32w1 << 23 &&& 32w1 << 23, 23): read();
+            (SA_TAG_SAME, 32w1 << 24 &&& 32w1 << 24, 24): read();
+            (SA_TAG_SAME, 32w1 << 25 &&& 32w1 << 25, 25): read();
+            (SA_TAG_SAME, 32w1 << 26 &&& 32w1 << 26, 26): read();
+            (SA_TAG_SAME, 32w1 << 27 &&& 32w1 << 27, 27): read();
+            (SA_TAG_SAME, 32w1 << 28 &&& 32w1 << 28, 28): read();
+            (SA_TAG_SAME, 32w1 << 29 &&& 32w1 << 29, 29): read();
+            (SA_TAG_SAME, 32w1 << 30 &&& 32w1 << 30, 30): read();
+            (SA_TAG_SAME, 32w1 << 31 &&& 32w1 << 31, 31): read();
+            (SA_TAG_SAME, _, _): add();
+        }
+        const default_action = NoAction();
+        size = 64;
+    }
+
+    apply {
+        exponent_op.apply();
+    }
+}
