@@ -173,13 +173,17 @@ def header_width(name: str) -> int:
 
 def test_tna_index_widths_hold_the_pool():
     c, t = constants(), tna_typedefs()
-    assert 1 << t["cell_t"] == c["SA_NUM_SLOTS"]
     assert 1 << t["copy_index_t"] == c["SA_NUM_COPIES"]
     assert 1 << t["value_index_t"] == 2 * c["SA_NUM_COPIES"]  # both halves of every copy
     assert re.search(r"#define SA_VALUE_CELLS (\d+)", TNA_TYPES.read_text()).group(1) == str(2 * c["SA_NUM_COPIES"])
     assert 1 << t["job_index_t"] == c["SA_MAX_JOBS"]
     assert 1 << t["job_event_t"] == c["SA_JOB_COUNTER_STRIDE"]
     assert t["job_counter_index_t"] == t["job_index_t"] + t["job_event_t"]
+    # the register indices: the cell's low log2(SA_NUM_SLOTS) bits ++ copy (++ half)
+    cell_bits = c["SA_NUM_SLOTS"].bit_length() - 1
+    assert "(md.cell[9:0] ++ hdr.sa.flags[0:0] ++ md.half)" in (TNA / "values.p4").read_text() and cell_bits == 10
+    assert "hdr.recirc.cell[9:0] ++ hdr.sa.flags[0:0] : md.cell[9:0] ++ hdr.sa.flags[0:0]" in (
+        TNA / "aggregation.p4").read_text()
 
 
 def test_tna_values_are_halves_of_k():
@@ -188,22 +192,22 @@ def test_tna_values_are_halves_of_k():
     assert "#define SA_VALUES_PER_PASS (SA_VALUES / 2)" in TNA_TYPES.read_text()
 
 
-def test_tna_bridged_headers_are_whole_bytes():
-    for name in ("sa_bridge_h", "sa_recirc_h"):
-        assert header_width(name) % 8 == 0, name
+def test_tna_recirculation_header_is_whole_bytes():
+    """The first pass writes it and the second parses it; the bridge header to egress is @flexible."""
+    assert header_width("sa_recirc_h") % 8 == 0
+    assert re.search(r"@flexible\s+header sa_bridge_h", TNA_TYPES.read_text())
 
 
-def test_tna_one_value_register_per_value_four_to_a_stage():
-    """values.p4: one register per value of a half, four (a stage's stateful ALUs) to a group; decide runs
-    the first group, group_1 .. group_7 the others."""
+def test_tna_one_value_register_per_value_four_decided_first():
+    """values.p4: one register and one table per value of a half; the first four (a stage's stateful ALUs)
+    decide the op themselves, the others run it."""
     text = (TNA / "values.p4").read_text()
-    groups = [(int(g), [int(v) for v in vs.split(",")])
-              for g, vs in re.findall(r"^\s*SA_VALUE_GROUP\((\d+),([\d, ]+)\)", text, re.M)]
-    assert [g for g, _ in groups] == list(range(len(groups)))
-    assert all(len(vs) == 4 for _, vs in groups)
-    assert sorted(v for _, vs in groups for v in vs) == list(range(wire.P4_VALUES_PER_PACKET // 2))
-    assert re.findall(r"^\s*SA_VALUE_GROUP_TABLE\((\d+)\)", text, re.M) == [str(g) for g, _ in groups[1:]]
-    assert re.findall(r"group_(\d+)\.apply\(\);", text) == [str(g) for g, _ in groups[1:]]
+    half = wire.P4_VALUES_PER_PACKET // 2
+    assert re.findall(r"^\s*SA_VALUE_REGISTER\((\d+)\)", text, re.M) == [f"{j:02d}" for j in range(half)]
+    assert re.findall(r"table decide_(\d+) \{", text) == [f"{j:02d}" for j in range(4)]
+    assert re.findall(r"^\s*SA_VALUE_TABLE\((\d+)\)", text, re.M) == [f"{j:02d}" for j in range(4, half)]
+    applied = re.findall(r"(decide|value)_(\d+)\.apply\(\);", text)
+    assert applied == [("decide", f"{j:02d}") for j in range(4)] + [("value", f"{j:02d}") for j in range(4, half)]
 
 
 def test_tna_a_repeat_is_told_by_each_workers_bit():
@@ -211,6 +215,7 @@ def test_tna_a_repeat_is_told_by_each_workers_bit():
     every = [(str(w), str(w), str(w)) for w in range(wire.MAX_WORKERS)]
     first = (TNA / "values.p4").read_text()
     assert re.findall(r"\(0, _, SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): first_read\(\);", first) == every
+    assert re.findall(r"\(0, _, SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): read; \\", first) == every
     second = (TNA / "aggregation.p4").read_text()
     assert re.findall(r"\(SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): read\(\);", second) == every
 

@@ -17,9 +17,10 @@
 /* A half's copy index, (slot_base + slot) ++ copy: the first pass has the cell from admission (stage
  * 0), the second from the parser, so that its state starts in stage 0. */
 #define SA_HALF_COPY_INDEX \
-    (second_half ? hdr.recirc.cell ++ hdr.sa.flags[0:0] : md.cell[9:0] ++ hdr.sa.flags[0:0])
+    (second_half ? hdr.recirc.cell[9:0] ++ hdr.sa.flags[0:0] : md.cell[9:0] ++ hdr.sa.flags[0:0])
 
-control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md)(bool second_half) {
+control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
+                  inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md)(bool second_half) {
     /* The generation the half holds. Another generation (the job's previous runs, another job's,
      * power-up zeros) means the half is empty: the packet's (the job's) is written and the chunk
      * stage starts the half afresh. */
@@ -76,6 +77,43 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md)(bool seco
     action check_generation() {
         md.new_generation = tag_generation_update.execute(SA_HALF_COPY_INDEX);
     }
+
+    /* The first half's first stage: admission's verdict on a contribution of K values, in the model's
+     * order (not admitted; another generation than the job's; a slot the job does not have), as a
+     * table that runs the generation stage itself, so that the tag starts in the stage after
+     * admission. (The second pass was admitted in the first.) */
+    action drop_not_admitted() {
+        md.count_global = 1;
+        md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
+        ig_dprsr_md.drop_ctl = 1;
+    }
+    action drop_job(bit<8> event) {
+        md.count_job = 1;
+        md.job_event = (job_event_t)event;
+        ig_dprsr_md.drop_ctl = 1;
+    }
+    action wrong_generation() {
+        drop_job(SA_JOB_WRONG_GENERATION);
+    }
+    action slot_out_of_range() {
+        drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
+    }
+
+    table admitted {
+        key = {
+            md.admitted: ternary;
+            md.generation_diff: ternary;
+            md.slot_room: ternary;
+        }
+        actions = { check_generation; drop_not_admitted; wrong_generation; slot_out_of_range; }
+        const entries = {
+            (0, _, _): drop_not_admitted();
+            (1, 0, 0): slot_out_of_range();
+            (1, 0, _): check_generation();
+        }
+        const default_action = wrong_generation();
+        size = 4;
+    }
     action start_chunk() {
         tag_chunk_start.execute(SA_HALF_COPY_INDEX);
         md.tag = SA_TAG_FRESH;
@@ -91,12 +129,17 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md)(bool seco
         md.workers_before = workers_add.execute(SA_HALF_COPY_INDEX);
     }
 
-    /* Tag, then workers: three stages. A stale chunk stops after the tag. */
+    /* Tag, then workers: three stages. A stale chunk stops after the tag. md.new_generation is
+     * SA_NOT_CHECKED (the parser's) where the generation stage did not run. */
     apply {
-        check_generation();
+        if (second_half) {
+            check_generation();
+        } else {
+            admitted.apply();
+        }
         if (md.new_generation == 1) {
             start_chunk();
-        } else {
+        } else if (md.new_generation == 0) {
             compare_chunk();
         }
         if (md.tag == SA_TAG_FRESH) {
@@ -133,16 +176,19 @@ control ExponentStage(inout sa_headers_t hdr, inout sa_ingress_metadata_t md) {
 
     action write() {
         md.op = SA_OP_WRITE;
+        md.second_op = SA_OP_WRITE;
         md.workers_missing = md.other_workers;
         exponent_write.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
     }
     action add() {
         md.op = SA_OP_ADD;
+        md.second_op = SA_OP_ADD;
         md.workers_missing = md.workers_before ^ md.other_workers;
         hdr.sa.exponent = exponent_max.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
     }
     action read() {
         md.op = SA_OP_READ;
+        md.second_op = SA_OP_READ;
         md.workers_missing = md.workers_before ^ md.all_workers;
         hdr.sa.exponent = exponent_read.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
     }

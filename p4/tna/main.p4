@@ -53,7 +53,7 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
     }
     /* The second pass takes up what admission found in the first. */
     action second_pass() {
-        md.cell = (bit<16>)hdr.recirc.cell;
+        md.cell = hdr.recirc.cell;
         md.job_index = hdr.recirc.job_index;
         md.worker_bit = hdr.recirc.worker_bit;
         md.other_workers = hdr.recirc.other_workers;
@@ -107,9 +107,9 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
      * fresh chunk) is counted here, once. */
     action recirculate() {
         hdr.recirc.setValid();
-        hdr.recirc.cell = md.cell[9:0];
+        hdr.recirc.cell = md.cell;
         hdr.recirc.job_index = md.job_index;
-        hdr.recirc.ingress_port = ig_intr_md.ingress_port;
+        hdr.recirc.ingress_port = (bit<16>)ig_intr_md.ingress_port;
         hdr.recirc.worker_bit = md.worker_bit;
         hdr.recirc.other_workers = md.other_workers;
         hdr.recirc.all_workers = md.all_workers;
@@ -125,7 +125,7 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
      * makes each replica a RESULT to its worker. */
     action result_to_all() {
         job_event(SA_JOB_RESULTS_MULTICAST);
-        ig_tm_md.mcast_grp_a = (bit<16>)md.job_index + 1;
+        ig_tm_md.mcast_grp_a = md.job_index + 1;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.bridge.kind = SA_BRIDGE_RESULT;
         hdr.recirc.setInvalid();
@@ -134,7 +134,7 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
     action result_to_sender() {
         job_event(SA_JOB_RESULTS_UNICAST);
         hdr.sa.type = SA_TYPE_RESULT;
-        reply_to(hdr.recirc.ingress_port);
+        reply_to((PortId_t)hdr.recirc.ingress_port);
         hdr.recirc.setInvalid();
     }
 
@@ -142,55 +142,46 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         global_drops.count(md.global_drop);
     }
     action count_job_event() {
-        job_counters.count(md.job_index ++ md.job_event);
+        job_counters.count((job_index_t)md.job_index ++ md.job_event);
     }
 
     /* The same checks, with the same outcome for every packet, as SwitchModel.process_frame
      * (docs/protocol.md section 7), and the state in the order of section 8. */
     apply {
         start();
+        if (md.half == 0 && hdr.sa.isValid()) {
+            admission.apply(hdr, md);  /* the first stage, for every switchagg header of a first pass */
+        }
 
         /* Which packet, and the stages before the values */
         if (md.half == 1) {
             /* The second pass: the second half's tag and workers (from stage 0, by hdr.recirc.cell),
              * its decision and the exponent. */
             second_pass();
-            second_half.apply(hdr, md);
+            second_half.apply(hdr, md, ig_dprsr_md);
             exponent.apply(hdr, md);
-        } else if (hdr.udp.isValid() && hdr.udp.dst_port == SA_UDP_PORT) {
-            if (hdr.sa.isValid()) {
-                admission.apply(hdr, md);  /* the first stage, for every switchagg header */
+        } else if (hdr.vals_tail.isValid() && hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES) {
+            /* The common case: a contribution of K values, well formed (the parser checked the rest):
+             * admission's verdict, then the first half's tag and workers. */
+            first_half.apply(hdr, md, ig_dprsr_md);
+            if (md.tag == SA_TAG_STALE) {
+                drop_job(SA_JOB_STALE);
             }
-            if (hdr.vals_tail.isValid() && hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES) {
-                /* The common case: a contribution of K values, well formed (the parser checked the
-                 * rest). The first half's tag and workers. */
-                if (md.admitted == 0) {
-                    drop_not_admitted();
-                } else if (md.generation_diff != 0) {
-                    drop_job(SA_JOB_WRONG_GENERATION);
-                } else if (md.slot_over[31:31] == 0) {
-                    drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
-                } else {
-                    first_half.apply(hdr, md);
-                    if (md.tag == SA_TAG_STALE) {
-                        drop_job(SA_JOB_STALE);
-                    }
-                }
+        } else if (hdr.udp.isValid() && hdr.udp.dst_port == SA_UDP_PORT) {
+            /* Any other packet to the switchagg port */
+            validation.apply(hdr, md, ig_prsr_md);
+            if (md.count_global == 1) {
+                drop();
+            } else if (md.admitted == 0) {
+                drop_not_admitted();
+            } else if (hdr.sa.type == SA_TYPE_PROBE) {
+                probe_reply();
+            } else if (md.generation_diff != 0) {
+                drop_job(SA_JOB_WRONG_GENERATION);
+            } else if (md.slot_room == 0) {
+                drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
             } else {
-                validation.apply(hdr, md, ig_prsr_md);
-                if (md.count_global == 1) {
-                    drop();
-                } else if (md.admitted == 0) {
-                    drop_not_admitted();
-                } else if (hdr.sa.type == SA_TYPE_PROBE) {
-                    probe_reply();
-                } else if (md.generation_diff != 0) {
-                    drop_job(SA_JOB_WRONG_GENERATION);
-                } else if (md.slot_over[31:31] == 0) {
-                    drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
-                } else {
-                    drop_job(SA_JOB_BAD_COUNT);
-                }
+                drop_job(SA_JOB_BAD_COUNT);
             }
         } else {
             forwarding.apply(hdr, md, ig_intr_md, ig_dprsr_md, ig_tm_md);

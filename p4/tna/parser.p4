@@ -9,7 +9,9 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
     state start {
         pkt.extract(ig_intr_md);
         md.op = SA_OP_NONE;
-        md.tag = SA_TAG_STALE;
+        md.second_op = SA_OP_NONE;
+        md.new_generation = SA_NOT_CHECKED;
+        md.tag = SA_TAG_NONE;
         md.count_global = 0;
         md.count_job = 0;
         md.reply = 0;

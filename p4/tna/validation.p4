@@ -35,22 +35,52 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
         md.udp_minus_count = hdr.udp.length - md.count_bytes;
     }
 
+    /* The lengths, then the header, in the model's order, as one ternary match (the entries are
+     * tried in order). The IPv4 length under 20 (two entries: 0-15, 16-19) or the UDP length under
+     * the header's: malformed. Then the two well-formed kinds: version 1, a CONTRIB or a PROBE (the
+     * latter of no values), no flag but the copy, worker < 32, no reserved bits, the IPv4 length 20
+     * more than the UDP length, and the UDP length 32 + 4 * count (a count under 16384, see above).
+     * With the lengths right, any other version 1 header is malformed, and any other version
+     * bad_version; with them wrong, malformed (the default). */
+    action well_formed() { }
+
+    table checks {
+        key = {
+            hdr.ipv4.total_len: ternary;
+            hdr.udp.length: ternary;
+            md.ip_minus_udp: ternary;
+            hdr.sa.version: ternary;
+            hdr.sa.type: ternary;
+            hdr.sa.flags: ternary;
+            hdr.sa.worker: ternary;
+            hdr.sa.reserved: ternary;
+            hdr.sa.count: ternary;
+            md.udp_minus_count: ternary;
+        }
+        actions = { well_formed; malformed; bad_version; }
+        const entries = {
+            (0 &&& 0xfff0, _, _, _, _, _, _, _, _, _): malformed();
+            (16 &&& 0xfffc, _, _, _, _, _, _, _, _, _): malformed();
+            (_, 0 &&& 0xffe0, _, _, _, _, _, _, _, _): malformed();
+            (_, _, 20, SA_VERSION, SA_TYPE_CONTRIB, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
+             0 &&& 0xc000, 8 + SA_HEADER_BYTES): well_formed();
+            (_, _, 20, SA_VERSION, SA_TYPE_PROBE, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
+             0, 8 + SA_HEADER_BYTES): well_formed();
+            (_, _, 20, SA_VERSION, _, _, _, _, _, _): malformed();
+            (_, _, 20, _, _, _, _, _, _, _): bad_version();
+        }
+        const default_action = malformed();
+        size = 8;
+    }
+
+    /* A header the frame does not hold (the parser stopped in it or in the values) is malformed. */
     apply {
         lengths();
         count_length();
-        if (!hdr.sa.isValid() || ig_prsr_md.parser_err != 0
-                || hdr.ipv4.total_len < 20 || md.ip_minus_udp != 20
-                || hdr.udp.length < 8 + SA_HEADER_BYTES) {
+        if (!hdr.sa.isValid() || ig_prsr_md.parser_err != 0) {
             malformed();
-        } else if (hdr.sa.version != SA_VERSION) {
-            bad_version();
-        } else if (hdr.sa.count[15:14] != 0 || md.udp_minus_count != 8 + SA_HEADER_BYTES
-                || (hdr.sa.type != SA_TYPE_CONTRIB && hdr.sa.type != SA_TYPE_PROBE)
-                || hdr.sa.flags & ~SA_FLAG_COPY != 0
-                || hdr.sa.reserved != 0
-                || hdr.sa.worker >= SA_MAX_WORKERS
-                || (hdr.sa.type == SA_TYPE_PROBE && hdr.sa.count != 0)) {
-            malformed();
+        } else {
+            checks.apply();
         }
     }
 }

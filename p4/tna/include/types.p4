@@ -12,14 +12,13 @@
 
 /* Register indices. A copy: (slot_base + slot) ++ copy bit, 2 * SA_NUM_SLOTS copies. A value register
  * holds both halves of every copy: copy ++ pass. */
-typedef bit<10> cell_t;          /* slot_base + slot: log2(SA_NUM_SLOTS) bits */
 typedef bit<11> copy_index_t;    /* log2(SA_NUM_COPIES) bits */
 typedef bit<12> value_index_t;   /* log2(2 * SA_NUM_COPIES) bits */
 #define SA_VALUE_CELLS 4096      /* 2 * SA_NUM_COPIES */
 
 /* The job's index among the installed jobs (its multicast group is the index + 1) and a per-job
  * event: the index of a per-job counter is job ++ event. */
-typedef bit<6> job_index_t;      /* log2(SA_MAX_JOBS) bits */
+typedef bit<6> job_index_t;      /* log2(SA_MAX_JOBS) bits: the job index's part of a counter index */
 typedef bit<4> job_event_t;      /* log2(SA_JOB_COUNTER_STRIDE) bits */
 typedef bit<10> job_counter_index_t;
 
@@ -32,10 +31,11 @@ header sa_values_h {
     bit<32> v24; bit<32> v25; bit<32> v26; bit<32> v27; bit<32> v28; bit<32> v29; bit<32> v30; bit<32> v31;
 }
 
-/* Ingress to egress, in front of every packet ingress sends on (egress strips it). */
+/* Ingress to egress, in front of every packet ingress sends on (egress strips it). Its layout is the
+ * compiler's (@flexible): it never leaves the switch. */
+@flexible
 header sa_bridge_h {
     bit<8>   kind;           /* SA_BRIDGE_* */
-    @padding bit<7> _pad;
     PortId_t ingress_port;   /* a flooded frame does not go back out of the port it came in on */
 }
 const bit<8> SA_BRIDGE_NONE = 0;    /* egress leaves the packet as it is */
@@ -44,14 +44,12 @@ const bit<8> SA_BRIDGE_RESULT = 2;  /* a replica of a finished sum, addressed to
 
 /* The first pass to the second, in front of the Ethernet header of a recirculated contribution: what
  * admission found, so that the second pass needs neither the admission table nor its entry (a job
- * reset or removed meanwhile changes nothing for a packet already admitted). */
+ * reset or removed meanwhile changes nothing for a packet already admitted). Every field fills its
+ * own PHV container, so that each is written from one source. */
 header sa_recirc_h {
-    @padding bit<6> _pad0;
-    cell_t      cell;           /* slot_base + slot: the second pass's first stage indexes by it */
-    @padding bit<2> _pad1;
-    job_index_t job_index;
-    @padding bit<7> _pad2;
-    PortId_t    ingress_port;   /* where the contribution came in: a stored result goes back there */
+    bit<16>     cell;           /* slot_base + slot: the second pass's first stage indexes by it */
+    bit<16>     job_index;
+    bit<16>     ingress_port;   /* where the contribution came in: a stored result goes back there */
     bit<32>     worker_bit;
     bit<32>     other_workers;
     bit<32>     all_workers;
@@ -63,10 +61,12 @@ const bit<8> SA_OP_WRITE = 1;  /* a fresh chunk: the packet's values */
 const bit<8> SA_OP_ADD = 2;    /* a new worker: stored + packet's, into the packet too */
 const bit<8> SA_OP_READ = 3;   /* a repeat: the stored values into the packet */
 
-/* The tag stage's verdict on a contribution's chunk, against the copy's tag. */
-const bit<8> SA_TAG_STALE = 0;  /* older than the chunk the copy holds (or not compared at all) */
-const bit<8> SA_TAG_FRESH = 1;  /* new to the copy: another generation, or a newer chunk */
-const bit<8> SA_TAG_SAME = 2;   /* the chunk the copy holds */
+/* The tag stage's verdict on a contribution's chunk, against the half's tag. */
+const bit<8> SA_TAG_STALE = 0;  /* older than the chunk the half holds */
+const bit<8> SA_TAG_FRESH = 1;  /* new to the half: another generation, or a newer chunk */
+const bit<8> SA_TAG_SAME = 2;   /* the chunk the half holds */
+const bit<8> SA_TAG_NONE = 3;   /* not compared (the parser's) */
+const bit<8> SA_NOT_CHECKED = 2;  /* md.new_generation where the generation stage did not run */
 
 struct sa_headers_t {
     sa_bridge_h  bridge;
@@ -85,13 +85,15 @@ struct sa_headers_t {
 struct sa_ingress_metadata_t {
     bit<1>        half;            /* which pass: 0 the first (from a host), 1 the second (recirculated) */
     bit<8>        op;              /* SA_OP_*: what this pass does to its half of the values */
+    bit<8>        second_op;       /* the second pass's op, as its decision wrote it (the first four
+                                    * value tables key on it, not on op, which one of them writes) */
     bit<16>       cell;            /* slot_base + slot */
-    job_index_t   job_index;
+    bit<16>       job_index;       /* the job's index among the installed jobs, below SA_MAX_JOBS */
     /* admission */
     bit<1>        admitted;
     bit<32>       generation;      /* the job's */
     bit<32>       generation_diff; /* the packet's xor the job's: 0 when the packet is of the current run */
-    bit<32>       slot_over;       /* slot - slot_count: negative (bit 31) when the slot is the job's */
+    bit<16>       slot_room;       /* slot_count - slot, or 0 if the job has no such slot */
     bit<32>       worker_bit;      /* 1 << worker */
     bit<32>       other_workers;   /* the job's other workers: all_workers & ~worker_bit */
     bit<32>       all_workers;     /* the job's workers: (1 << n) - 1 */
