@@ -23,31 +23,37 @@ PRE: dict[str, tuple[dict[str, int], dict[str, int]]] = {
 }
 
 
-class Table:
-    """One table of bfrt.json: its key fields and, per action (None: the table's own data), its fields."""
+_WIDTHS = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
 
-    def __init__(self, name: str, keys: dict[str, int], actions: dict[str | None, dict[str, int]]) -> None:
-        self.name, self.keys, self.actions = name, keys, actions
+
+def _width(field: dict[str, Any]) -> int:
+    """A field's width in bits (0: no bound to check, e.g. a list or a bool)."""
+    kind = field.get("type", {})
+    return kind.get("width", _WIDTHS.get(kind.get("type"), 0))
+
+
+class Table:
+    """One table of bfrt.json: its size, its key fields (width, match type) and, per action (None: the
+    table's own data), its fields' widths."""
+
+    def __init__(self, name: str, size: int | None, keys: dict[str, tuple[int, str]],
+                 actions: dict[str | None, dict[str, int]]) -> None:
+        self.name, self.size, self.keys, self.actions = name, size, keys, actions
 
     @classmethod
     def of(cls, spec: dict[str, Any]) -> Table:
-        keys = {k["name"]: k["type"].get("width", 0) for k in spec.get("key", [])}
-        actions: dict[str | None, dict[str, int]] = {a["name"]: {d["name"]: d["type"].get("width", 0)
-                                                                 for d in a.get("data", [])}
+        keys = {k["name"]: (_width(k), k["match_type"]) for k in spec.get("key", [])}
+        actions: dict[str | None, dict[str, int]] = {a["name"]: {d["name"]: _width(d) for d in a.get("data", [])}
                                                      for a in spec.get("action_specs", [])}
-        own = {}
-        for d in spec.get("data", []):
-            field = d.get("singleton", d)
-            own[field["name"]] = field["type"].get("width", 0) if "type" in field else 0
-        actions[None] = own
-        return cls(spec["name"], keys, actions)
+        actions[None] = {(d.get("singleton", d))["name"]: _width(d.get("singleton", d)) for d in spec.get("data", [])}
+        return cls(spec["name"], spec.get("size"), keys, actions)
 
 
 def load(bfrt_json: Path) -> dict[str, Table]:
     """The tables of a compiled program, by the name BfRt knows them by, and the SDE's ``$pre`` tables."""
     tables = {t["name"]: Table.of(t) for t in json.loads(bfrt_json.read_text())["tables"]}
     for name, (keys, data) in PRE.items():
-        tables[name] = Table(name, keys, {None: data})
+        tables[name] = Table(name, None, {k: (w, "Exact") for k, w in keys.items()}, {None: data})
     return tables
 
 
@@ -75,12 +81,21 @@ class SchemaSession:
             raise KeyError(f"no table {name} in bfrt.json")
         return self.tables[name]
 
-    def _key(self, name: str, key: dict[str, int]) -> tuple:
+    def _key(self, name: str, key: dict[str, Any]) -> tuple:
+        """A key as bf_switchd takes it: every field, a (value, mask) pair where the match is ternary."""
         table = self._table(name)
-        if set(key) != set(table.keys):
-            raise KeyError(f"{name}: key fields {sorted(key)}, bfrt.json has {sorted(table.keys)}")
+        fields = {k: v for k, v in table.keys.items() if k != "$MATCH_PRIORITY"}
+        if set(key) != set(fields):
+            raise KeyError(f"{name}: key fields {sorted(key)}, bfrt.json has {sorted(fields)}")
         for field, value in key.items():
-            _fits(name, field, value, table.keys[field])
+            width, match = fields[field]
+            parts = value if match == "Ternary" else (value,)
+            if match == "Ternary" and not isinstance(value, tuple):
+                raise ValueError(f"{name}: {field} is a ternary match: give (value, mask)")
+            for part in parts:
+                _fits(name, field, part, width)
+        if "$COUNTER_INDEX" in key and not key["$COUNTER_INDEX"] < table.size:
+            raise IndexError(f"{name} has {table.size} counters: no index {key['$COUNTER_INDEX']}")
         return tuple(sorted(key.items()))
 
     def _data(self, name: str, data: dict[str, Any], action: str | None) -> None:
@@ -96,15 +111,17 @@ class SchemaSession:
         for field, value in data.items():
             _fits(name, field, value, fields[field])
 
-    def add(self, table: str, key: dict[str, int], data: dict[str, Any], action: str | None = None) -> None:
+    def add(self, table: str, key: dict[str, Any], data: dict[str, Any], action: str | None = None) -> None:
         k = self._key(table, key)
         self._data(table, data, action)
         rows = self.rows.setdefault(table, {})
         if k in rows:
             raise ValueError(f"{table}: an entry with key {key} exists already")
+        if self.tables[table].size is not None and len(rows) >= self.tables[table].size:
+            raise OverflowError(f"{table} is full: {self.tables[table].size} entries")
         rows[k] = Row(dict(key), action, dict(data))
 
-    def modify(self, table: str, key: dict[str, int], data: dict[str, Any], action: str | None = None) -> None:
+    def modify(self, table: str, key: dict[str, Any], data: dict[str, Any], action: str | None = None) -> None:
         k = self._key(table, key)
         self._data(table, data, action)
         if "$COUNTER_INDEX" in key:
@@ -114,7 +131,7 @@ class SchemaSession:
             raise KeyError(f"{table}: no entry with key {key} to modify")
         self.rows[table][k] = Row(dict(key), action, dict(data))
 
-    def delete(self, table: str, key: dict[str, int]) -> None:
+    def delete(self, table: str, key: dict[str, Any]) -> None:
         k = self._key(table, key)
         if k not in self.rows.get(table, {}):
             raise KeyError(f"{table}: no entry with key {key} to delete")

@@ -20,6 +20,7 @@ from bmv2_env.testbed import TestBed, missing_prerequisites
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
+from switchagg.targets import p4job
 from switchagg.wire import EXP_NONE, PacketType, make_header
 
 from . import frames
@@ -37,7 +38,7 @@ class Differential:
         from switchagg.targets import bmv2
 
         self.bed, self.bmv2 = bed, bmv2
-        self.model = SwitchModel(num_slots=bmv2.NUM_SLOTS)
+        self.model = SwitchModel(num_slots=p4job.NUM_SLOTS)
         self.jobs = {}
         self.socks = [netns.packet_socket(bed.host(i)) for i in range(bed.n_hosts)]
         self.by_ip = {bed.host_ip(i): i for i in range(bed.n_hosts)}

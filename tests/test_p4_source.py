@@ -98,8 +98,9 @@ def test_constants_match():
     assert c["SA_NUM_JOB_COUNTERS"] == len(JobCounter) <= c["SA_JOB_COUNTER_STRIDE"]
     stride = c["SA_JOB_COUNTER_STRIDE"]
     assert stride & (stride - 1) == 0  # a power of two: the index is job ++ event
-    assert c["SA_NUM_SLOTS"] == bmv2.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * bmv2.NUM_SLOTS
-    assert c["SA_MAX_JOBS"] == bmv2.MAX_JOBS and c["SA_FLOOD_GROUP"] == bmv2.FLOOD_GROUP
+    assert c["SA_NUM_SLOTS"] == p4job.NUM_SLOTS and c["SA_NUM_COPIES"] == 2 * p4job.NUM_SLOTS
+    assert c["SA_MAX_JOBS"] == p4job.MAX_JOBS and c["SA_FLOOD_GROUP"] == p4job.FLOOD_GROUP
+    assert c["SA_JOB_COUNTER_STRIDE"] == p4job.JOB_COUNTER_STRIDE
     assert c["SA_MAX_JOBS"] < c["SA_FLOOD_GROUP"]  # job groups are 1..SA_MAX_JOBS
     assert c["SA_NUM_JOB_IDS"] == 1 << wire.FIELDS[[f.name for f in wire.FIELDS].index("job")].bits
     assert c["SA_ADMISSION_SIZE"] == c["SA_REPLICA_SIZE"] == c["SA_MAX_JOBS"] * c["SA_MAX_WORKERS"]

@@ -65,7 +65,7 @@ def test_the_program_fits_the_chip(compiled):
     target, out = compiled
     report = target.resources(out)
     stages = tofino_build.stages_used(out)
-    assert stages and all(0 < n <= target.chip.stages for n in stages.values()), stages
+    assert 0 < stages <= target.chip.stages
     assert f"of {target.chip.stages} MAU stages" in report and "stateful ALUs" in report and "PHV" in report
 
 

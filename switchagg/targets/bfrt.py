@@ -20,12 +20,13 @@ from ..errors import SwitchAggError
 
 P4_NAME = "switchagg"
 Value = int | list[int] | list[bool]
+Key = dict[str, int | tuple[int, int]]  # a field's value, or (value, mask) where the match is ternary
 
 
 class Row(NamedTuple):
     """An entry as read back: its key, its action (None for tables without actions) and its data."""
 
-    key: dict[str, int]
+    key: Key
     action: str | None
     data: dict[str, Any]
 
@@ -33,11 +34,11 @@ class Row(NamedTuple):
 class TableSession(Protocol):
     """What the Tofino target does with a switch: write, read and delete rows, read counters."""
 
-    def add(self, table: str, key: dict[str, int], data: dict[str, Value], action: str | None = None) -> None: ...
+    def add(self, table: str, key: Key, data: dict[str, Value], action: str | None = None) -> None: ...
 
-    def modify(self, table: str, key: dict[str, int], data: dict[str, Value], action: str | None = None) -> None: ...
+    def modify(self, table: str, key: Key, data: dict[str, Value], action: str | None = None) -> None: ...
 
-    def delete(self, table: str, key: dict[str, int]) -> None: ...
+    def delete(self, table: str, key: Key) -> None: ...
 
     def entries(self, table: str) -> list[Row]: ...
 
@@ -114,8 +115,9 @@ class BfrtSession:
     def _table(self, name: str) -> Any:
         return self._call(f"looking up table {name}", self._info.table_get, name)
 
-    def _key(self, table: Any, key: dict[str, int]) -> Any:
-        return table.make_key([self._gc.KeyTuple(name, value) for name, value in key.items()])
+    def _key(self, table: Any, key: Key) -> Any:
+        return table.make_key([self._gc.KeyTuple(name, *value) if isinstance(value, tuple)
+                               else self._gc.KeyTuple(name, value) for name, value in key.items()])
 
     def _data(self, table: Any, data: dict[str, Value], action: str | None) -> Any:
         fields = []
@@ -128,15 +130,15 @@ class BfrtSession:
                 fields.append(self._gc.DataTuple(name, value))
         return table.make_data(fields, action)
 
-    def add(self, table: str, key: dict[str, int], data: dict[str, Value], action: str | None = None) -> None:
+    def add(self, table: str, key: Key, data: dict[str, Value], action: str | None = None) -> None:
         t = self._table(table)
         self._call(f"adding to {table}", t.entry_add, self._target, [self._key(t, key)], [self._data(t, data, action)])
 
-    def modify(self, table: str, key: dict[str, int], data: dict[str, Value], action: str | None = None) -> None:
+    def modify(self, table: str, key: Key, data: dict[str, Value], action: str | None = None) -> None:
         t = self._table(table)
         self._call(f"modifying {table}", t.entry_mod, self._target, [self._key(t, key)], [self._data(t, data, action)])
 
-    def delete(self, table: str, key: dict[str, int]) -> None:
+    def delete(self, table: str, key: Key) -> None:
         t = self._table(table)
         self._call(f"deleting from {table}", t.entry_del, self._target, [self._key(t, key)])
 
@@ -148,7 +150,8 @@ class BfrtSession:
             d = data.to_dict()
             action = d.pop("action_name", None)
             d.pop("is_default_entry", None)
-            rows.append(Row({k: _number(v["value"]) for k, v in key.to_dict().items()}, action,
+            rows.append(Row({k: (_number(v["value"]), v["mask"]) if "mask" in v else _number(v["value"])
+                             for k, v in key.to_dict().items()}, action,
                             {k: _number(v) for k, v in d.items()}))
         return rows
 

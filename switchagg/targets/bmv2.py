@@ -21,11 +21,20 @@ from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_
 from ..wire import VERSION, PacketType
 from .base import Target, TargetOptions
 from .p4c import Pipeline, build
-from .p4job import BROADCAST, Admission, JobParams, check_config, free_group, job_entry, mac_int, plan
+from .p4job import (
+    BROADCAST,
+    FLOOD_GROUP,
+    MAX_JOBS,
+    NUM_SLOTS,
+    Admission,
+    JobParams,
+    check_config,
+    free_group,
+    job_entry,
+    mac_int,
+    plan,
+)
 
-MAX_JOBS = 64  # SA_MAX_JOBS in p4/include/constants.p4
-NUM_SLOTS = 1024  # SA_NUM_SLOTS
-FLOOD_GROUP = 1000  # SA_FLOOD_GROUP
 ADMISSION = "SaIngress.admission.admission"
 REPLICA = "SaEgress.replica"
 L2 = "SaIngress.forwarding.l2"

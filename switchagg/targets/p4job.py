@@ -20,6 +20,11 @@ from ..jobs import JobEntry
 from ..wire import HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT
 
 BROADCAST = "ff:ff:ff:ff:ff:ff"
+# The P4 programs' sizes (p4/include/size.p4 and constants.p4; tests/test_p4_source.py holds them equal)
+MAX_JOBS = 64  # SA_MAX_JOBS: a job's multicast group is its index + 1
+NUM_SLOTS = 1024  # SA_NUM_SLOTS
+FLOOD_GROUP = 1000  # SA_FLOOD_GROUP
+JOB_COUNTER_STRIDE = 16  # SA_JOB_COUNTER_STRIDE
 
 
 class JobParams(NamedTuple):

@@ -16,17 +16,28 @@ from typing import ClassVar
 from ..config import JobConfig
 from ..errors import ConfigError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
+from ..wire import MAX_WORKERS  # rids are job index * MAX_WORKERS + rank + 1
 from .base import Target, TargetOptions
 from .bfrt import BfrtSession, Row, TableSession
-from .p4job import BROADCAST, Admission, JobParams, Replica, check_config, free_group, job_entry, mac_int, plan
+from .p4job import (
+    BROADCAST,
+    FLOOD_GROUP,
+    JOB_COUNTER_STRIDE,
+    MAX_JOBS,
+    NUM_SLOTS,
+    Admission,
+    JobParams,
+    Replica,
+    check_config,
+    free_group,
+    job_entry,
+    mac_int,
+    plan,
+)
 from .tofino_build import Chip, build, resources
 
-MAX_JOBS = 64  # SA_MAX_JOBS (p4/include/size.p4)
-NUM_SLOTS = 1024  # SA_NUM_SLOTS
-MAX_WORKERS = 32  # SA_MAX_WORKERS: rids are job index * 32 + rank + 1
-FLOOD_GROUP = 1000  # SA_FLOOD_GROUP
-JOB_COUNTER_STRIDE = 16  # SA_JOB_COUNTER_STRIDE
 PORTS_PER_PIPE = 128
+PORT_MASK = 0x1FF  # a port id's 9 bits: the parser value set matches them all
 
 ADMISSION = "pipe.SaIngress.admission.admission"
 ADMIT = "SaIngress.admission.admit"
@@ -125,8 +136,8 @@ class TofinoTarget(Target):
             table.check(JobEntry.from_config(job, generation))
             rows = plan(job, free_group([rows[0].params for rows in deployed.values()], MAX_JOBS), generation)
             _install_l2(s, rows.hosts)
-            if not any(r.key["f1"] == recirc for r in s.entries(RECIRCULATION_PORTS)):
-                s.add(RECIRCULATION_PORTS, {"f1": recirc}, {})
+            if not any(r.key["f1"] == (recirc, PORT_MASK) for r in s.entries(RECIRCULATION_PORTS)):
+                s.add(RECIRCULATION_PORTS, {"f1": (recirc, PORT_MASK)}, {})
             for r in rows.replicas:
                 s.add(PRE_NODE, {"$MULTICAST_NODE_ID": _rid(r)},
                       {"$MULTICAST_RID": _rid(r), "$MULTICAST_LAG_ID": [], "$DEV_PORT": [r.port]})

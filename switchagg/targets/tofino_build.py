@@ -55,10 +55,12 @@ def build(chip: Chip, out_dir: Path) -> dict[str, Path]:
     if all(p.exists() for p in made.values()) and stamp.exists() and stamp.read_text() == digest:
         return made
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([bf_p4c, "--target", chip.target, "--arch", chip.arch, "--program-name", PROGRAM,
+    proc = subprocess.run([bf_p4c, "-g", "--target", chip.target, "--arch", chip.arch, "--program-name", PROGRAM,
                            "-o", str(out), str(MAIN)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SwitchAggError(f"bf-p4c failed on {MAIN} for {chip.target}:\n{(proc.stderr or proc.stdout).strip()}")
+    if not made["bf_switchd conf"].exists():  # the open driver does not run p4c-gen-conf itself
+        _gen_conf(chip, out)
     missing = [str(p) for p in made.values() if not p.exists()]
     if missing:
         raise SwitchAggError(f"bf-p4c succeeded but did not write {', '.join(missing)}: is it the open Tofino "
@@ -67,39 +69,57 @@ def build(chip: Chip, out_dir: Path) -> dict[str, Path]:
     return made
 
 
+def _gen_conf(chip: Chip, out: Path) -> None:
+    """bf_switchd's configuration of the build in ``out``, by the compiler's own p4c-gen-conf."""
+    gen = find_tool("p4c-gen-conf", TOOL_DIRS)
+    if gen is None:
+        raise SwitchAggError("p4c-gen-conf, which comes with bf-p4c, was not found: reinstall the Tofino compiler")
+    proc = subprocess.run([gen, "--conf-type", "BF-RT", "--name", PROGRAM, "--device", chip.target, "--outputdir",
+                           str(out), "--bfrt-name", str(out / "bfrt.json"), "--p4-version", "p4-16", "--pipe", "pipe"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SwitchAggError(f"p4c-gen-conf failed for {out}:\n{(proc.stderr or proc.stdout).strip()}")
+
+
 def _logs(out_dir: Path) -> Path:
     logs = Path(out_dir) / "pipe" / "logs"
-    if not (logs / "metrics.json").exists():
+    if not (logs / "resources.json").exists() or not (logs / "metrics.json").exists():
         raise SwitchAggError(f"no resource report in {logs}: build first (`switchagg build-p4 --target ...`)")
     return logs
 
 
-def stages_used(out_dir: Path) -> dict[str, int]:
-    """MAU stages each gress uses, from the compiler's resources.json."""
-    report = json.loads((_logs(out_dir) / "resources.json").read_text())["resources"]["mau"]
-    used: dict[str, set[int]] = {}
-    for stage in report["mau_stages"]:
-        for table in stage.get("logical_tables", []):
-            used.setdefault(table.get("gress", "ingress"), set()).add(stage["stage_number"])
-    return {gress: len(stages) for gress, stages in used.items()}
+def _stages(out_dir: Path) -> list[dict]:
+    return json.loads((_logs(out_dir) / "resources.json").read_text())["resources"]["mau"]["mau_stages"]
+
+
+def stages_used(out_dir: Path) -> int:
+    """MAU stages that hold a table of the program, from the compiler's resources.json."""
+    return sum(1 for s in _stages(out_dir) if s["logical_tables"]["ids"])
 
 
 def resources(chip: Chip, out_dir: Path) -> str:
-    """The compiler's resource report of a build in ``out_dir``, as lines a person reads."""
-    logs = _logs(out_dir)
-    metrics = json.loads((logs / "metrics.json").read_text())
-    mau = metrics["mau"]
-    report = json.loads((logs / "resources.json").read_text())["resources"]["mau"]
-    stages = report["mau_stages"]
-    used = [s for s in stages if s.get("logical_tables")]
-    salus = sum(len(s.get("meter_alus", {}).get("meters", [])) for s in stages)
-    lines = [f"{chip.target}: {len(used)} of {chip.stages} MAU stages used "
-             f"({', '.join(f'{g} {n}' for g, n in sorted(stages_used(out_dir).items()))})",
-             f"  SRAM blocks {mau['srams']}, TCAM blocks {mau['tcams']}, map RAMs {mau['map_rams']}, "
-             f"logical tables {mau['logical_tables']}",
-             f"  stateful ALUs {salus}"]
-    for kind in ("normal", "tagalong", "mocha", "dark"):
-        for c in metrics["phv"].get(kind, []):
-            lines.append(f"  PHV {kind} {c['bit_width']}-bit: {c['containers_occupied']} containers, "
-                         f"{c['bits_occupied']} bits occupied")
+    """The compiler's resource report of a build in ``out_dir``, as lines a person reads.
+
+    Stages bound the program (a 13th stage does not exist on Tofino 1); stateful ALUs (4 a stage)
+    bound the values summed per pass; SRAM holds the registers and exact tables, TCAM the ternary
+    checks; PHV holds the headers and metadata of a packet in flight.
+    """
+    stages = _stages(out_dir)
+    metrics = json.loads((_logs(out_dir) / "metrics.json").read_text())
+    srams = sum(len(s["rams"]["srams"]) for s in stages)
+    tcams = sum(len(s["tcams"]["tcams"]) for s in stages)
+    salus = [len(s["meter_alus"]["meters"]) for s in stages]
+    sram_cap = sum(s["rams"]["nColumns"] * s["rams"]["nRows"] for s in stages)
+    tcam_cap = sum(s["tcams"]["nColumns"] * s["tcams"]["nRows"] for s in stages)
+    salu_cap = sum(s["meter_alus"]["nAlus"] for s in stages)
+    lines = [f"{chip.target}: {stages_used(out_dir)} of {chip.stages} MAU stages used",
+             f"  stateful ALUs  {sum(salus)} of {salu_cap} ({' '.join(map(str, salus))} by stage)",
+             f"  SRAM blocks    {srams} of {sram_cap}",
+             f"  TCAM blocks    {tcams} of {tcam_cap}",
+             f"  logical tables {metrics['mau']['logical_tables']}, latency "
+             + ", ".join(f"{g['gress']} {g['cycles']} cycles" for g in metrics["mau"]["latency"])]
+    for kind, usage in metrics["phv"].items():
+        lines.append(f"  PHV {kind:<8} " + ", ".join(f"{u['containers_occupied']} x {u['bit_width']}-bit"
+                                                      for u in usage)
+                     + f" ({sum(u['bits_occupied'] for u in usage)} bits occupied)")
     return "\n".join(lines)
