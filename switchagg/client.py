@@ -19,7 +19,7 @@ import numpy as np
 
 from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
-from .payloads import payloads_for
+from .payloads import Prepared, check_op, flat_payloads, is_tensor, array_payloads
 from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
@@ -35,6 +35,27 @@ from .wire import (
 
 _U32 = 0xFFFFFFFF
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
+
+
+def payloads_of(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
+    """The one place that looks at what a caller passed: a float tensor on a GPU stays there
+    (:class:`~switchagg.torch_payloads.TorchPayloads`); a CPU tensor, a numpy array or a list takes
+    the numpy payloads. Raises here, in the caller, on what cannot be reduced."""
+    if not is_tensor(x):
+        return array_payloads(x, k, n_workers, op, out)
+    from .torch_payloads import TorchPayloads, tensor_to_flat
+
+    check_op(op)
+    if x.device.type != "cpu" and x.is_floating_point():
+        gpu = TorchPayloads(x, k, n_workers)
+
+        def finish() -> Any:
+            result = gpu.result(x, mean=op == "mean")
+            return result if out is None else out.copy_(result)
+
+        return Prepared(gpu, -(-x.numel() // k), finish, native=False)
+    flat, restore = tensor_to_flat(x)
+    return flat_payloads(flat, restore, str(x.dtype).removeprefix("torch."), k, n_workers, op, out)
 
 
 class Client:
@@ -97,9 +118,9 @@ class Client:
         """Queue an allreduce; the Future holds the result (or the error).
 
         A float tensor on a GPU stays there (see :mod:`switchagg.torch_payloads`);
-        everything else takes the numpy path (:func:`~switchagg.payloads.payloads_for`).
+        everything else takes the numpy path (:func:`payloads_of`).
         """
-        job = payloads_for(x, self.config.values_per_packet, self.config.n_workers, op, out)
+        job = payloads_of(x, self.config.values_per_packet, self.config.n_workers, op, out)
 
         def work() -> Any:
             if job.n_chunks:

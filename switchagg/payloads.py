@@ -1,9 +1,10 @@
 """Payloads: how a reduction reads its input's chunks and writes back the sums, for each kind of input.
 
-:func:`payloads_for` is the one place that looks at what a caller passed (a numpy array, a
-list, a torch tensor on the CPU or on a GPU) and picks its payloads. The numpy ones adapt
-:mod:`switchagg.codec` to :class:`switchagg.protocol.Payloads`;
+These adapt :mod:`switchagg.codec` to :class:`switchagg.protocol.Payloads` for numpy vectors (and
+torch tensors on the CPU, which :mod:`switchagg.torch_payloads` lends as numpy vectors);
 :class:`~switchagg.torch_payloads.TorchPayloads` has the same shape for tensors that stay on the GPU.
+:func:`switchagg.client.payloads_of` is the one place that looks at what a caller passed and
+picks between them. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -68,25 +69,40 @@ class Prepared:
     native: bool
 
 
-def payloads_for(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
-    """The payloads of ``x`` for an allreduce of ``op`` ("sum" or "mean") among ``n_workers``, K = ``k``.
+def check_op(op: str) -> None:
+    if op not in ("sum", "mean"):
+        raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
+
+
+def array_payloads(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
+    """The payloads of ``x`` (a numpy array, or anything numpy takes) for an allreduce of ``op``
+    ("sum" or "mean") among ``n_workers``, K = ``k``.
 
     Raises here, in the caller, on what cannot be reduced: an unsupported dtype, NaN or infinity.
     """
-    if op not in ("sum", "mean"):
-        raise ValueError(f"op={op!r}: use 'sum' or 'mean'")
-    if _is_tensor(x) and x.device.type != "cpu" and x.is_floating_point():
-        from .torch_payloads import TorchPayloads
+    arr = np.asarray(x)
+    shape, dtype = arr.shape, arr.dtype
 
-        gpu = TorchPayloads(x, k, n_workers)
+    def restore(result: np.ndarray, out: Any) -> np.ndarray:
+        shaped = result.reshape(shape)
+        if out is None:
+            return shaped.astype(dtype, copy=False)
+        if not np.may_share_memory(out, shaped):  # not already written in place
+            np.copyto(out, shaped, casting="unsafe")
+        return out
 
-        def finish_gpu() -> Any:
-            result = gpu.result(x, mean=op == "mean")
-            return result if out is None else out.copy_(result)
+    flat = arr.reshape(-1)
+    if arr.dtype.name == "bfloat16":
+        flat = flat.astype(np.float32)
+    return flat_payloads(flat, restore, arr.dtype.name, k, n_workers, op, out)
 
-        return Prepared(gpu, -(-x.numel() // k), finish_gpu, native=False)
-    flat, restore = _as_flat(x)
-    kind = kind_of(str(getattr(x, "dtype", flat.dtype)).removeprefix("torch."))
+
+def flat_payloads(flat: np.ndarray, restore: Callable[[np.ndarray, Any], Any], dtype_name: str, k: int,
+                  n_workers: int, op: str, out: Any = None) -> Prepared:
+    """The payloads of a flat vector whose caller's type was ``dtype_name``; ``restore`` turns the
+    sums back into that type (into ``out`` if given)."""
+    check_op(op)
+    kind = kind_of(dtype_name)
     if op == "mean" and kind != "float":
         raise ValueError("op='mean' needs a floating-point tensor; int32 supports op='sum'")
     if kind == "float":
@@ -116,31 +132,9 @@ def kind_of(dtype_name: str) -> str:
                     "float64 (reduced at float32 precision) or int32")
 
 
-def _is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch."""
     return type(x).__module__.startswith("torch")
-
-
-def _as_flat(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any]]:
-    """A flat numpy view of ``x`` and a function that turns the result back into x's type."""
-    if _is_tensor(x):
-        from .torch_payloads import tensor_to_flat
-
-        return tensor_to_flat(x)
-    arr = np.asarray(x)
-    shape, dtype = arr.shape, arr.dtype
-
-    def restore(result: np.ndarray, out: Any) -> np.ndarray:
-        shaped = result.reshape(shape)
-        if out is None:
-            return shaped.astype(dtype, copy=False)
-        if not np.may_share_memory(out, shaped):  # not already written in place
-            np.copyto(out, shaped, casting="unsafe")
-        return out
-
-    flat = arr.reshape(-1)
-    if arr.dtype.name == "bfloat16":
-        flat = flat.astype(np.float32)
-    return flat, restore
 
 
 def _result_buffer(out: Any, flat: np.ndarray) -> np.ndarray:
@@ -152,7 +146,7 @@ def _result_buffer(out: Any, flat: np.ndarray) -> np.ndarray:
     (retransmissions end with the result), so summing in place is safe; any other
     overlap is not.
     """
-    if _is_tensor(out) and out.device.type == "cpu" and str(out.dtype) == "torch.float32":
+    if is_tensor(out) and out.device.type == "cpu" and str(out.dtype) == "torch.float32":
         out = out.detach().numpy()  # the tensor's own memory
     if (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
             and out.size == flat.size and (not np.may_share_memory(out, flat) or _same_memory(out, flat))):

@@ -1,4 +1,4 @@
-"""Torch tensors through the switch (:func:`switchagg.payloads.payloads_for` chooses the path).
+"""Torch tensors through the switch (:func:`switchagg.client.payloads_of` chooses the path).
 
 CPU tensors take the numpy path (:func:`tensor_to_flat`). Tensors on a GPU
 stay there: :class:`TorchPayloads` computes block exponents and quantizes with
