@@ -19,7 +19,7 @@ import numpy as np
 
 from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
-from .payloads import Prepared, check_op, flat_payloads, is_tensor, array_payloads
+from .payloads import Prepared, array_payloads, check_op, flat_payloads, is_tensor
 from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
