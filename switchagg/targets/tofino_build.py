@@ -109,9 +109,10 @@ def resources(chip: Chip, out_dir: Path) -> str:
     srams = sum(len(s["rams"]["srams"]) for s in stages)
     tcams = sum(len(s["tcams"]["tcams"]) for s in stages)
     salus = [len(s["meter_alus"]["meters"]) for s in stages]
-    sram_cap = sum(s["rams"]["nColumns"] * s["rams"]["nRows"] for s in stages)
-    tcam_cap = sum(s["tcams"]["nColumns"] * s["tcams"]["nRows"] for s in stages)
-    salu_cap = sum(s["meter_alus"]["nAlus"] for s in stages)
+    one = stages[0]  # every stage of a chip has the same blocks; the report lists only those it placed
+    sram_cap = chip.stages * one["rams"]["nColumns"] * one["rams"]["nRows"]
+    tcam_cap = chip.stages * one["tcams"]["nColumns"] * one["tcams"]["nRows"]
+    salu_cap = chip.stages * one["meter_alus"]["nAlus"]
     lines = [f"{chip.target}: {stages_used(out_dir)} of {chip.stages} MAU stages used",
              f"  stateful ALUs  {sum(salus)} of {salu_cap} ({' '.join(map(str, salus))} by stage)",
              f"  SRAM blocks    {srams} of {sram_cap}",
