@@ -24,16 +24,26 @@
 #include <string.h>
 
 #define MIN_EXPONENT (-127)
-#define LOSS_SHARE (1.0 / 8)  /* protocol.LOSS_SHARE */
-#define BACKOFF_CAP 3          /* protocol.BACKOFF_CAP */
-#define MIN_PROBE 0.01        /* protocol.MIN_PROBE */
+/* protocol's constants (a test holds them to protocol.py: _native.PROTOCOL) */
+#define LOSS_SHARE (1.0 / 8)
+#define QUEUE_LIMIT 0.032
+#define LOSS_QUEUE 0.0015
+#define DELAY_SAMPLES 4
+#define DELAY_BETA 0.8
+#define BACKOFF_CAP 3
+#define MIN_RESEND 0.002
+#define RESEND_DEVIATIONS 3
+#define MIN_PROBE 0.01
+#define MIN_PROBE_LOSSY 0.003
+#define EARLY_PROBE 4
 
 /* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
 typedef struct {
     double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt,
-        epoch_end, epoch_losses;
+        epoch_end, epoch_losses, delay_until, delay_min, recent_rtt, resend_wait, resend_dev;
     int has_srtt;  /* srtt is None until the first sample */
-    long losses, max_size;
+    int lossy;
+    long delay_samples, losses_seen, losses, max_size;
 } Win;
 
 /* A doubly linked list of entries: each entry's neighbours, -1 at either end. */
@@ -59,17 +69,23 @@ typedef struct {
     uint8_t *done, *in_flight;
     int8_t *agreed;
     long *retries;
-    double *last_send, *first_send;
-    Py_ssize_t next, n_done, n_in_flight;
-    /* The packets in flight twice over: by timer, in (deadline, t, retries) order (Reduction's heap
+    double *last_send, *first_send, *resent_at;  /* resent_at: its first resend */
+    Py_ssize_t *order;  /* its last send's place among the call's sends */
+    Py_ssize_t next, n_done, n_in_flight, n_sends;
+    /* The packets in flight twice over: by timer, in (deadline, t) order (Reduction's heap
      * order), and by their last send, oldest first (the order of Reduction._outstanding). */
     double *deadline;
     List timers, sends;
     uint16_t *slot_of;  /* per entry, once fill() reached it: its slot and shadow copy */
     uint8_t *copy_of;
     Py_ssize_t walk_slot, walk_round;  /* where fill()'s walk of the schedule is: the next data chunk's */
-    double answered_sent;  /* the latest send of a packet, sent once, whose result came back */
-    long probes;           /* tail loss probes sent since the last new result */
+    /* RACK: the order and round trip of the latest-sent packet, sent once, whose result came back */
+    Py_ssize_t rack_order;
+    double rack_rtt;
+    long probes;          /* tail loss probes sent since the last new result */
+    double probe_from;    /* the last new result or probe: the next probe waits from here */
+    double first_result;  /* when this call's first result came */
+    int stalled;          /* a packet was resent for an RTO of silence since the last new result */
     Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
     Py_ssize_t out_head, out_len, out_cap;
     double last_progress, progress_timeout;
@@ -91,7 +107,8 @@ static int unready(const Stream *s) {
 /* The window's state travels as protocol.WindowState, a tuple in this order (WINDOW_FIELDS, which
  * tests/test_protocol.py holds to WindowState._fields): Window.state() gives it, Window.restore() takes it. */
 #define WINDOW_FIELDS "cwnd", "ssthresh", "min_rto", "max_rto", "rto", "srtt", "rttvar", "recovery_until", \
-    "cwnd_before_loss", "min_rtt", "epoch_end", "epoch_losses", "losses", "max_size"
+    "cwnd_before_loss", "min_rtt", "epoch_end", "epoch_losses", "delay_until", "delay_min", "delay_samples", \
+    "losses_seen", "lossy", "recent_rtt", "resend_wait", "resend_dev", "losses", "max_size"
 
 static int win_load(Stream *s) {
     PyObject *state = PyObject_CallMethod(s->window, "state", NULL);
@@ -99,10 +116,11 @@ static int win_load(Stream *s) {
         return -1;
     Win *w = &s->w;
     PyObject *srtt;
-    int ok = PyArg_ParseTuple(state, "dddddOddddddll;Window.state() must give a protocol.WindowState",
+    int ok = PyArg_ParseTuple(state, "dddddOddddddddllpdddll;Window.state() must give a protocol.WindowState",
                               &w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &srtt, &w->rttvar,
                               &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt, &w->epoch_end,
-                              &w->epoch_losses, &w->losses, &w->max_size);
+                              &w->epoch_losses, &w->delay_until, &w->delay_min, &w->delay_samples,
+                              &w->losses_seen, &w->lossy, &w->recent_rtt, &w->resend_wait, &w->resend_dev, &w->losses, &w->max_size);
     if (ok) {
         w->has_srtt = srtt != Py_None;
         w->srtt = w->has_srtt ? PyFloat_AsDouble(srtt) : 0.0;
@@ -114,9 +132,11 @@ static int win_load(Stream *s) {
 static int win_store(Stream *s) {
     const Win *w = &s->w;
     PyObject *srtt = w->has_srtt ? PyFloat_FromDouble(w->srtt) : Py_NewRef(Py_None);
-    PyObject *state = srtt ? Py_BuildValue("(dddddNddddddll)", w->cwnd, w->ssthresh, w->min_rto, w->max_rto, w->rto,
-                                           srtt, w->rttvar, w->recovery_until, w->cwnd_before_loss, w->min_rtt,
-                                           w->epoch_end, w->epoch_losses, w->losses, w->max_size) : NULL;
+    PyObject *state = srtt ? Py_BuildValue("(dddddNddddddddllNdddll)", w->cwnd, w->ssthresh, w->min_rto, w->max_rto,
+                                           w->rto, srtt, w->rttvar, w->recovery_until, w->cwnd_before_loss,
+                                           w->min_rtt, w->epoch_end, w->epoch_losses, w->delay_until, w->delay_min,
+                                           w->delay_samples, w->losses_seen, PyBool_FromLong(w->lossy), w->recent_rtt, w->resend_wait, w->resend_dev,
+                                           w->losses, w->max_size) : NULL;
     if (state == NULL)
         return -1;
     PyObject *rc = PyObject_CallMethod(s->window, "restore", "(N)", state);
@@ -132,7 +152,8 @@ static long win_size(const Win *w) {
     return size > 1 ? size : 1;
 }
 
-static void win_on_result(Win *w, double rtt) {
+/* Window.on_result */
+static void win_on_result(Win *w, double rtt, double now, int settled) {
     if (!w->has_srtt) {
         w->srtt = rtt;
         w->rttvar = rtt / 2;
@@ -143,6 +164,29 @@ static void win_on_result(Win *w, double rtt) {
     }
     w->min_rtt = dmin(w->min_rtt, rtt);
     w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
+    if (settled) {
+        if (!w->delay_samples)  /* a round trip's results, from the first on */
+            w->delay_until = now + 2 * dmin(rtt, w->recent_rtt);
+        w->delay_min = dmin(w->delay_min, rtt);
+        w->delay_samples++;
+        if (w->delay_samples >= DELAY_SAMPLES && now >= w->delay_until) {
+            double low = w->delay_min;
+            w->recent_rtt = low < w->recent_rtt ? low : 0.875 * w->recent_rtt + 0.125 * low;
+            long lost = w->losses - w->losses_seen;  /* the queue it stands: less, the more it loses */
+            double stood = lost ? dmin(QUEUE_LIMIT, LOSS_QUEUE * (double)(lost + w->delay_samples) / (double)lost)
+                                : QUEUE_LIMIT;
+            w->delay_min = INFINITY;
+            w->delay_samples = 0;
+            w->lossy = lost > 0;
+            w->losses_seen = w->losses;
+            double queue = low - w->min_rtt - stood;
+            if (queue > 0) {
+                w->cwnd = dmax(1.0, w->cwnd * dmax(0.5, 1 - DELAY_BETA * queue / low));
+                w->ssthresh = w->cwnd;
+                return;
+            }
+        }
+    }
     double growth = w->cwnd < w->ssthresh ? 1.0 : 1.0 / w->cwnd;
     w->cwnd = dmin((double)w->max_size, w->cwnd + growth);
 }
@@ -160,6 +204,34 @@ static void win_on_timeout(Win *w, double now) {
     w->ssthresh = dmax(1.0, w->cwnd / 2);
     w->cwnd = w->ssthresh;
     w->recovery_until = now + (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto);
+}
+
+static double probe_timeout(const Win *w);
+
+/* Window.on_resend_result */
+static void win_on_resend_result(Win *w, double wait) {
+    wait = dmin(wait, 2 * (w->resend_wait == INFINITY ? probe_timeout(w) : w->resend_wait));
+    if (w->resend_wait == INFINITY) {
+        w->resend_wait = wait;
+        w->resend_dev = wait / 2;
+        return;
+    }
+    w->resend_dev = 0.75 * w->resend_dev + 0.25 * fabs(w->resend_wait - wait);
+    w->resend_wait = 0.875 * w->resend_wait + 0.125 * wait;
+}
+
+/* Window.probe_timeout */
+static double probe_timeout(const Win *w) {
+    double rtt = w->recent_rtt < INFINITY ? w->recent_rtt : w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto;
+    return dmax(w->lossy ? MIN_PROBE_LOSSY : MIN_PROBE, 2 * rtt);
+}
+
+/* Window.resend_timeout */
+static double resend_timeout(const Win *w) {
+    if (w->resend_wait == INFINITY)
+        return probe_timeout(w);
+    double floor = dmax(MIN_RESEND, w->recent_rtt < INFINITY ? w->recent_rtt : 0.0);
+    return dmax(floor, w->resend_wait + RESEND_DEVIATIONS * w->resend_dev);
 }
 
 static void win_undo(Win *w) {
@@ -224,7 +296,7 @@ static void *grow(void *items, Py_ssize_t *cap, size_t size) {
  * is sent, at now + the timeout, so it nearly always belongs at the end (found from the end in a
  * step or two), and a result takes it out in one step wherever it is. A heap costs a dozen
  * unpredictable steps for each, per packet, which at K = 64 was a fifth of a worker's CPU. */
-static int timer_before(const Stream *s, Py_ssize_t a, Py_ssize_t b) {  /* (deadline, t, retries) order */
+static int timer_before(const Stream *s, Py_ssize_t a, Py_ssize_t b) {  /* (deadline, t) order */
     if (s->deadline[a] != s->deadline[b])
         return s->deadline[a] < s->deadline[b];
     return a < b;  /* one timer per entry, so t decides */
@@ -289,10 +361,18 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
         s->n_in_flight++;
     }
     s->first_send[t] = retries ? s->first_send[t] : now;
+    s->resent_at[t] = retries > 1 ? s->resent_at[t] : now;
     s->last_send[t] = now;
+    s->order[t] = s->n_sends++;
     s->retries[t] = retries;
-    long backoff = s->n_done && retries > BACKOFF_CAP ? BACKOFF_CAP : retries;  /* Reduction._send */
-    timer_set(s, t, now + win_timeout_for(&s->w, backoff));
+    double wait;  /* Reduction._send */
+    if (retries && s->started) {
+        long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
+        wait = dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff));
+    } else {
+        wait = win_timeout_for(&s->w, retries);
+    }
+    timer_set(s, t, now + wait);
     list_insert(&s->sends, t, s->sends.tail);
     return 0;
 }
@@ -403,14 +483,30 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     }
     double sent = s->last_send[t];
     if (s->retries[t] == 0) {
-        win_on_result(&s->w, now - sent);
-        s->answered_sent = dmax(s->answered_sent, sent);
+        win_on_result(&s->w, now - sent, now, sent >= s->first_result);
+        if (s->order[t] > s->rack_order) {
+            s->rack_order = s->order[t];
+            s->rack_rtt = now - sent;
+        }
     } else if (now - sent < s->w.min_rtt) {  /* spurious: the original's result (Window.is_spurious) */
         win_undo(&s->w);
-        win_on_result(&s->w, now - s->first_send[t]);
+        win_on_result(&s->w, now - s->first_send[t], now, s->first_send[t] >= s->first_result);
+    } else {  /* ambiguous: no round trip, but how long a resent packet waits */
+        win_on_resend_result(&s->w, now - s->resent_at[t]);
     }
-    s->last_progress = now;
+    s->last_progress = s->probe_from = now;
+    s->first_result = dmin(s->first_result, now);
+    if (s->probes) {  /* a silence ended: what was resent during it need not wait out its backoff */
+        double due = now + resend_timeout(&s->w);
+        for (Py_ssize_t u = s->sends.head; u >= 0; u = s->sends.next[u]) {
+            if (s->retries[u] && s->deadline[u] > due) {
+                list_remove(&s->timers, u);
+                timer_set(s, u, due);
+            }
+        }
+    }
     s->probes = 0;
+    s->stalled = 0;
     s->started = 1;
     return fill(s, now) < 0 ? -1 : 1;
 }
@@ -469,43 +565,44 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
-/* Window.probe_timeout */
-static double probe_timeout(const Win *w) {
-    return dmax(MIN_PROBE, 2 * (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto));
-}
+/* Why a packet is resent (protocol.LOST, PROBE, TIMEOUT). */
+enum { LOST, PROBE, TIMEOUT };
 
-/* The packet to resend next, when, and whether as a probe (Reduction._next_loss); -1 when none. */
-static Py_ssize_t next_loss(const Stream *s, double *when, int *probe) {
-    Py_ssize_t oldest = s->sends.head;
-    *probe = 0;
+/* The packet to resend next, when, and why (Reduction._next_loss); -1 when none. */
+static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
+    Py_ssize_t oldest = s->sends.head, best = -1;
     *when = INFINITY;
-    double probe_at = INFINITY;
     if (oldest >= 0) {
-        if (s->last_send[oldest] + s->w.min_rtt / 4 <= s->answered_sent) {
-            *when = s->answered_sent;
-            return oldest;
+        if (s->order[oldest] < s->rack_order) {
+            best = oldest;
+            *when = s->last_send[oldest] + s->rack_rtt + s->w.min_rtt / 4;
+            *why = LOST;
+        } else if (s->started && (s->n_in_flight <= EARLY_PROBE || (s->n_done && s->n_in_flight < win_size(&s->w)))) {
+            Py_ssize_t newest = s->sends.tail;
+            while (newest >= 0 && s->retries[newest])
+                newest = s->sends.prev[newest];
+            if (newest >= 0) {
+                best = newest;
+                *when = s->probe_from + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
+                *why = PROBE;
+            }
         }
-        if (s->n_done)
-            probe_at = s->last_progress + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
     }
     Py_ssize_t timer = s->timers.head;
-    if (timer >= 0 && (probe_at == INFINITY || s->deadline[timer] <= probe_at)) {
+    if (timer >= 0 && (best < 0 || s->deadline[timer] < *when)) {
         *when = s->deadline[timer];
+        *why = TIMEOUT;
         return timer;
     }
-    if (probe_at == INFINITY)
-        return -1;
-    *when = probe_at;
-    *probe = 1;
-    return oldest;
+    return best;
 }
 
 static PyObject *Stream_next_deadline(Stream *s, PyObject *Py_UNUSED(ignored)) {
     if (unready(s))
         return NULL;
     double when;
-    int probe;
-    next_loss(s, &when, &probe);
+    int why;
+    next_loss(s, &when, &why);
     return PyFloat_FromDouble(dmin(when, s->last_progress + s->progress_timeout));
 }
 
@@ -520,16 +617,35 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred())
         return NULL;
-    if (now - s->last_progress >= s->progress_timeout && s->n_done < s->total)
+    if (now >= s->last_progress + s->progress_timeout && s->n_done < s->total)
         Py_RETURN_TRUE;
     int changed = 0;
     double when;
-    int probe;
-    for (Py_ssize_t t = next_loss(s, &when, &probe); t >= 0 && when <= now; t = next_loss(s, &when, &probe)) {
-        s->probes += probe;
+    int why;
+    for (Py_ssize_t t = next_loss(s, &when, &why); t >= 0 && when <= now; t = next_loss(s, &when, &why)) {
+        if (why == PROBE) {  /* no sign of loss yet: the window stays */
+            s->probes++;
+            s->probe_from = now;
+        } else if (why == LOST || s->retries[t]) {  /* random loss, or a resent packet lost again */
+            s->w.losses++;  /* Window.on_loss */
+        } else {  /* a packet sent once timed out */
+            if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
+                Py_ssize_t lowest = 0;
+                while (!s->in_flight[lowest])
+                    lowest++;
+                if (s->stalled || lowest != t) {
+                    list_remove(&s->timers, t);
+                    timer_set(s, t, now + s->w.rto);
+                    if (s->stalled || s->retries[lowest])  /* the lowest has its own timer */
+                        continue;
+                    t = lowest;
+                }
+                s->stalled = 1;
+            }
+            if (s->n_done)  /* before a call's first result, silence means peers on their way to it */
+                win_on_timeout(&s->w, now);
+        }
         unlist(s, t);
-        if (s->n_done)  /* before a call's first result, silence means peers still on their way to it */
-            win_on_timeout(&s->w, now);
         s->retransmissions++;
         changed = 1;
         if (send_entry(s, t, now, s->retries[t] + 1) < 0)
@@ -618,6 +734,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->retries = calloc(total, sizeof(long));
     s->last_send = calloc(total, sizeof(double));
     s->first_send = calloc(total, sizeof(double));
+    s->order = malloc(total * sizeof(Py_ssize_t));
+    s->resent_at = malloc(total * sizeof(double));
     s->deadline = malloc(total * sizeof(double));
     Py_ssize_t *links[4];
     for (int i = 0; i < 4; i++)
@@ -626,8 +744,10 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->sends = (List){links[2], links[3], -1, -1};
     s->slot_of = malloc(total * sizeof(uint16_t));
     s->copy_of = malloc(total);
-    s->answered_sent = -INFINITY;
-    if (!s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
+    s->rack_order = -1;
+    s->probe_from = now;
+    s->first_result = INFINITY;
+    if (!s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
             || !s->first_send) {
         PyErr_NoMemory();
         goto done;
@@ -670,6 +790,8 @@ static void Stream_dealloc(Stream *s) {
     free(s->retries);
     free(s->last_send);
     free(s->first_send);
+    free(s->order);
+    free(s->resent_at);
     free(s->deadline);
     free(s->slot_of);
     free(s->copy_of);
@@ -737,12 +859,20 @@ int sa_add_stream_type(PyObject *module) {
                                    "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
                                    "PROBE_REPLY", TYPE_PROBE_REPLY, "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
                                    "MAX_WORKERS", MAX_WORKERS);
-    PyObject *window = Py_BuildValue("(ssssssssssssss)", WINDOW_FIELDS);
-    int rc = layout && wire && window && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
+    PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+                                       "LOSS_QUEUE", LOSS_QUEUE,
+                                       "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
+                                       BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
+                                       "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY,
+                                       "EARLY_PROBE", EARLY_PROBE);
+    int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0
-             && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0 ? 0 : -1;
+             && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0
+             && PyModule_AddObjectRef(module, "PROTOCOL", protocol) == 0 ? 0 : -1;
     Py_XDECREF(layout);
     Py_XDECREF(wire);
     Py_XDECREF(window);
+    Py_XDECREF(protocol);
     return rc;
 }

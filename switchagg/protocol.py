@@ -77,9 +77,18 @@ class Payloads(Protocol):
         """Store the summed data chunk ``chunk`` (quantized with ``exponent``): K big-endian int32."""
 
 
-LOSS_SHARE = 1 / 8  # losses within a round trip, as a share of the window, that read as congestion
-BACKOFF_CAP = 3  # once a call has results, a packet's timeout doubles at most this often
-MIN_PROBE = 0.01  # s: the shortest silence after which a call with results probes (Window.probe_timeout)
+LOSS_SHARE = 1 / 8  # packets sent once whose timers ran out within a round trip, as a share of the window: congestion
+QUEUE_LIMIT = 0.032  # s: the most queueing (round trip over the shortest ever seen) the window stands
+LOSS_QUEUE = 0.0015  # s: on a lossy path, the queueing it stands times the share of packets lost
+DELAY_SAMPLES = 4  # results, at least, whose shortest round trip judges the queue
+DELAY_BETA = 0.8  # the window backs off by this share of the round trip queued beyond what it stands
+BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
+MIN_RESEND = 0.002  # s: the least a resent packet waits for its result (Window.resend_timeout)
+RESEND_DEVIATIONS = 3  # a resent packet waits the smoothed wait of those before it and this many deviations
+MIN_PROBE = 0.01  # s: the shortest silence after which a call probes (Window.probe_timeout)
+MIN_PROBE_LOSSY = 0.003  # s: the same on a path that lost packets in the last round trip judged
+EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
+LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
 
 
 class WindowState(NamedTuple):
@@ -98,19 +107,34 @@ class WindowState(NamedTuple):
     min_rtt: float
     epoch_end: float
     epoch_losses: float
+    delay_until: float
+    delay_min: float
+    delay_samples: int
+    losses_seen: int
+    lossy: bool
+    recent_rtt: float
+    resend_wait: float
+    resend_dev: float
     losses: int
     max_size: int
 
 
 class Window:
-    """AIMD congestion window and a Jacobson/Karels retransmission timeout.
+    """The congestion window and the timers' estimates, carried from one call to the next.
 
     It lives as long as the client, so a call starts with what the last one learned.
     Slow start doubles the window each round trip until the first congestion; after that
-    it grows by one per round trip. Random loss is not congestion: the window halves only
-    when more than :data:`LOSS_SHARE` of it (and more than two packets) is lost within one
-    round trip, and then at most once per round trip, so a few percent of loss never
-    collapses it.
+    it grows by one per round trip. Random loss is not congestion, a queue is: once per round
+    trip, when even its shortest round trip shows more queueing than the window stands, it
+    backs off by that excess's share (at most half). It stands :data:`QUEUE_LIMIT` of queue
+    (a busy host's batches: a larger window costs less CPU per packet), and on a lossy path
+    less, :data:`LOSS_QUEUE` over the share of packets lost, since every loss recovery waits
+    behind the queue. It also halves when more than :data:`LOSS_SHARE` of it times out within
+    a round trip (a burst, not the scattered losses that RACK finds, which leave it alone).
+    So a few percent of loss never collapses it.
+
+    Three waits come from it: the RTO of a packet sent once (Jacobson/Karels, at least
+    ``min_rto``), :attr:`resend_timeout` for a packet resent, and :attr:`probe_timeout`.
     """
 
     def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.05,
@@ -126,8 +150,16 @@ class Window:
         self._cwnd_before_loss = self.cwnd
         self.min_rtt = math.inf
         self.losses = 0
-        self._epoch_end = -math.inf  # the round trip whose losses are being counted ends here
+        self._epoch_end = -math.inf  # the round trip whose timeouts are being counted ends here
         self._epoch_losses = 0
+        self._delay_until = -math.inf  # the round trip whose shortest round trip is being taken ends here
+        self._delay_min = math.inf
+        self._delay_samples = 0
+        self._losses_seen = 0  # losses counted when the last round trip's queue was judged
+        self.lossy = False  # whether that round trip lost packets (the probe's floor is lower then)
+        self.recent_rtt = math.inf  # the shortest round trip of recent ones (fast down, slowly up)
+        self.resend_wait = math.inf  # from a packet's first resend to its result, smoothed
+        self.resend_dev = 0.0  # and its mean deviation
 
     @property
     def size(self) -> int:
@@ -136,15 +168,23 @@ class Window:
     def state(self) -> WindowState:
         return WindowState(self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar,
                            self._recovery_until, self._cwnd_before_loss, self.min_rtt, self._epoch_end,
-                           self._epoch_losses, self.losses, self.max_size)
+                           self._epoch_losses, self._delay_until, self._delay_min, self._delay_samples,
+                           self._losses_seen, self.lossy, self.recent_rtt, self.resend_wait, self.resend_dev,
+                           self.losses, self.max_size)
 
     def restore(self, state: WindowState | tuple) -> None:
         (self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar, self._recovery_until,
-         self._cwnd_before_loss, self.min_rtt, self._epoch_end, self._epoch_losses, self.losses,
-         self.max_size) = state
+         self._cwnd_before_loss, self.min_rtt, self._epoch_end, self._epoch_losses, self._delay_until,
+         self._delay_min, self._delay_samples, self._losses_seen, self.lossy, self.recent_rtt, self.resend_wait,
+         self.resend_dev, self.losses, self.max_size) = state
 
-    def on_result(self, rtt: float) -> None:
-        """A new result ``rtt`` seconds after its packet was (last) sent: learn and grow."""
+    def on_result(self, rtt: float, now: float, settled: bool = True) -> None:
+        """A result ``rtt`` seconds after its packet's one send, at ``now``: learn, and grow the window,
+        or shrink it when even the shortest round trip of the last one shows more queue than it stands.
+
+        ``settled``: the packet left after its call's first result, so its round trip holds no wait
+        for peers still on their way to the call; only those round trips tell of a queue.
+        """
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
@@ -153,8 +193,39 @@ class Window:
         self.min_rtt = min(self.min_rtt, rtt)
         # At least 1.5 round trips: a result also waits for the slowest peer's packet.
         self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
+        if settled:
+            if not self._delay_samples:  # a round trip's results are taken from the first one on, for two
+                # recent round trips: after a peer's stall, the burst of late results that ends it and
+                # the results of what left after it, not only the burst
+                self._delay_until = now + 2 * min(rtt, self.recent_rtt)
+            self._delay_min = min(self._delay_min, rtt)
+            self._delay_samples += 1
+            if self._delay_samples >= DELAY_SAMPLES and now >= self._delay_until:
+                # Its shortest round trip is the queue's (a result that waited for a peer, stalled or
+                # resending a lost contribution, is never the shortest of many).
+                low = self._delay_min
+                self.recent_rtt = low if low < self.recent_rtt else 0.875 * self.recent_rtt + 0.125 * low
+                lost = self.losses - self._losses_seen  # the queue it stands: less, the more it loses
+                stood = min(QUEUE_LIMIT, LOSS_QUEUE * (lost + self._delay_samples) / lost) if lost else QUEUE_LIMIT
+                self._delay_min, self._delay_samples, self._losses_seen, self.lossy = math.inf, 0, self.losses, lost > 0
+                queue = low - self.min_rtt - stood
+                if queue > 0:
+                    self.cwnd = max(1.0, self.cwnd * max(0.5, 1 - DELAY_BETA * queue / low))
+                    self.ssthresh = self.cwnd
+                    return
         growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
         self.cwnd = min(float(self.max_size), self.cwnd + growth)
+
+    def on_resend_result(self, wait: float) -> None:
+        """A resent packet's result came ``wait`` seconds after its first resend (which may have had to
+        wait for a peer to resend its own contribution too)."""
+        # one long stall must not stretch the next many waits
+        wait = min(wait, 2 * (self.probe_timeout if self.resend_wait == math.inf else self.resend_wait))
+        if self.resend_wait == math.inf:
+            self.resend_wait, self.resend_dev = wait, wait / 2
+            return
+        self.resend_dev = 0.75 * self.resend_dev + 0.25 * abs(self.resend_wait - wait)
+        self.resend_wait = 0.875 * self.resend_wait + 0.125 * wait
 
     def is_spurious(self, since_last_send: float) -> bool:
         """A result sooner after a retransmission than any round trip answers the original: the timeout was early.
@@ -170,20 +241,37 @@ class Window:
 
     @property
     def probe_timeout(self) -> float:
-        """Silence, after a result, that makes a call resend its oldest packet (a tail loss probe):
-        two smoothed round trips, at least :data:`MIN_PROBE`."""
-        return max(MIN_PROBE, 2 * (self.srtt or self.rto))
+        """Silence that makes a call probe (resend its newest packet sent once): two recent shortest
+        round trips (before any, two smoothed ones), at least :data:`MIN_PROBE`, or
+        :data:`MIN_PROBE_LOSSY` on a path that is losing packets (silence is likelier loss there)."""
+        rtt = self.recent_rtt if self.recent_rtt < math.inf else self.srtt or self.rto
+        return max(MIN_PROBE_LOSSY if self.lossy else MIN_PROBE, 2 * rtt)
+
+    @property
+    def resend_timeout(self) -> float:
+        """How long a resent packet waits for its result before it is resent again (doubling each time):
+        the smoothed wait of those before it and :data:`RESEND_DEVIATIONS` deviations, at least
+        :data:`MIN_RESEND` and a recent shortest round trip; before any, :attr:`probe_timeout`. Only
+        the packets resent are resent again when it runs out, never a window, so it can be short."""
+        if self.resend_wait == math.inf:
+            return self.probe_timeout
+        floor = max(MIN_RESEND, self.recent_rtt if self.recent_rtt < math.inf else 0.0)
+        return max(floor, self.resend_wait + RESEND_DEVIATIONS * self.resend_dev)
 
     @property
     def reorder_window(self) -> float:
-        """How much later a packet must have been sent than one whose result is back, for its own
-        missing result to mean it was lost: a quarter of the shortest round trip (RACK)."""
+        """How much later than expected a packet's result may come, after a later packet's, before it
+        counts as lost: a quarter of the shortest round trip (RACK)."""
         return self.min_rtt / 4
 
-    def on_timeout(self, now: float) -> None:
-        """A packet was lost (its timer fired, or later packets' results came first).
+    def on_loss(self) -> None:
+        """A packet found lost by RACK, or a resent one lost again: counted; random loss, so the window stays."""
+        self.losses += 1
 
-        Counted; the window halves only when the round trip's losses exceed :data:`LOSS_SHARE`
+    def on_timeout(self, now: float) -> None:
+        """The timer of a packet sent once ran out: nothing else found it lost.
+
+        Counted; the window halves only when the round trip's timeouts exceed :data:`LOSS_SHARE`
         of it, once per round trip.
         """
         self.losses += 1
@@ -242,15 +330,21 @@ class Reduction:
         self._done = bytearray(self.total)
         self.n_done = 0
         self._next = 0
-        self._outstanding: dict[int, list[float]] = {}  # t -> [last send, retries, first send]
-        self._timers: list[tuple[float, int, int]] = []  # (deadline, t, retries) with lazy removal
+        # t -> [last send, retries, first send, order, timer deadline, first resend], in order of last send
+        self._outstanding: dict[int, list] = {}
+        self._sends = 0  # packets this call sent: the order of each send
+        self._timers: list[tuple[float, int]] = []  # (deadline, t); one whose packet's deadline moved is stale
         self.outbox: list[Send] = []
         self.last_progress = now
         self.progress_timeout = progress_timeout
         self.started = started
         self.retransmissions = 0
-        self._answered_sent = -math.inf  # the latest send of a packet, sent once, whose result came back
+        # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
+        self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
+        self._probe_from = now  # the last new result or probe: the next probe waits from here
+        self._first_result = math.inf  # when this call's first result came
+        self._stalled = False  # a packet went again for an RTO of silence since the last new result
         self._fill(now)
 
     # ---- the schedule ----------------------------------------------------------------------------
@@ -312,12 +406,23 @@ class Reduction:
 
     def _send(self, t: int, now: float, retries: int) -> None:
         self.outbox.append(self._packet(t))
-        first = self._outstanding.pop(t)[2] if retries else now
-        self._outstanding[t] = [now, retries, first]  # at the end: the dict is in order of last send
-        # Full backoff while the job has not answered yet (peers may still be starting); after, a
-        # bounded one, so that a packet lost twice is not left waiting for a second on a live job.
-        backoff = min(retries, BACKOFF_CAP) if self.n_done else retries
-        heapq.heappush(self._timers, (now + self.window.timeout_for(backoff), t, retries))
+        if retries:
+            _, _, first, _, _, resent = self._outstanding.pop(t)
+            resent = now if retries == 1 else resent
+        else:
+            first = resent = now
+        if retries and self.started:
+            # A resent packet waits about as long as those before it took: only the few packets resent
+            # are resent again when that runs out, never a window. Once the call has results, the
+            # backoff is bounded, so that a packet lost twice does not wait a second on a live job.
+            backoff = min(retries - 1, BACKOFF_CAP) if self.n_done else retries - 1
+            wait = min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
+        else:  # the RTO; with full backoff while the job has not answered yet (peers may still be starting)
+            wait = self.window.timeout_for(retries)
+        # at the end: the dict is in order of last send
+        self._outstanding[t] = [now, retries, first, self._sends, now + wait, resent]
+        self._sends += 1
+        heapq.heappush(self._timers, (now + wait, t))
 
     def _fill(self, now: float) -> None:
         while (self._next < self.total and len(self._outstanding) < self.window.size
@@ -353,7 +458,7 @@ class Reduction:
         if ((h.type, h.worker, h.job, h.generation, h.key, h.count) != self._result
                 or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
             return False  # a duplicate, a stale result, or not ours
-        sent, retries, first = self._outstanding.pop(t)
+        sent, retries, first, order, _, resent = self._outstanding.pop(t)
         self._done[t] = 1
         self.n_done += 1
         self._agreed[t] = h.exponent
@@ -362,48 +467,71 @@ class Reduction:
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
         if retries == 0:
-            self.window.on_result(now - sent)
-            self._answered_sent = max(self._answered_sent, sent)
+            self.window.on_result(now - sent, now, sent >= self._first_result)
+            if order > self._rack_order:
+                self._rack_order, self._rack_rtt = order, now - sent
         elif self.window.is_spurious(now - sent):
             self.window.undo()
-            self.window.on_result(now - first)  # the original's true round trip
-        # else: ambiguous (Karn): learn nothing from it
-        self.last_progress = now
+            self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
+        else:  # ambiguous (Karn): no round trip, but how long a resent packet waits
+            self.window.on_resend_result(now - resent)
+        self.last_progress = self._probe_from = now
+        self._first_result = min(self._first_result, now)
+        if self._probes:  # a silence ended: what was resent during it need not wait out its backoff
+            due = now + self.window.resend_timeout
+            for u, entry in self._outstanding.items():
+                if entry[1] and entry[4] > due:
+                    entry[4] = due
+                    heapq.heappush(self._timers, (due, u))
         self._probes = 0
+        self._stalled = False
         self.started = True
         self._fill(now)
         return True
 
-    def _first_timer(self) -> tuple[float, int, int] | None:
-        """The live timer that fires first (stale ones, of packets answered or resent, are dropped)."""
+    def _first_timer(self) -> tuple[float, int] | None:
+        """The live timer that fires first (stale ones, of packets answered, resent or re-timed, are dropped)."""
         while self._timers:
-            deadline, t, retries = self._timers[0]
+            deadline, t = self._timers[0]
             entry = self._outstanding.get(t)
-            if entry is not None and entry[1] == retries:
+            if entry is not None and entry[4] == deadline:
                 return self._timers[0]
             heapq.heappop(self._timers)
         return None
 
-    def _next_loss(self) -> tuple[int, float, bool] | None:
-        """The packet to resend next, when, and whether as a probe.
+    def _next_loss(self) -> tuple[int, float, int] | None:
+        """The packet to resend next, when, and why (:data:`LOST`, :data:`PROBE` or :data:`TIMEOUT`).
 
-        The oldest sent, at once, when a packet sent a reorder window after it has its result
-        back: it was lost (RACK). Else the earlier of its probe (once the call has results and
-        then fell silent for :attr:`Window.probe_timeout`, doubling per probe: a lost packet with
-        no successor to reveal it, at a call's tail or behind a full window, is resent without
-        waiting out the RTO, one packet at a time) and the first timer's deadline.
+        RACK: results come back in about the order their packets left (every worker sends its
+        chunks in order, and a slot completes with its last contribution), so a packet sent before
+        one, sent once, whose result came back is lost once its own result is a reorder window
+        later than that one's round trip would have it. The outstanding packets are in the order
+        they were last sent, so only the oldest needs looking at; a resent packet joins the end, and
+        the results of packets sent after it find it lost again. When nothing marks a packet so,
+        a call that is silent for :attr:`Window.probe_timeout` (doubling per probe) with less than
+        a window out resends its newest packet sent once: a tail loss probe, for a lost packet with
+        no successor to reveal it (a call's last ones). The timers back both up: a resent packet's
+        is short (:attr:`Window.resend_timeout`), one sent once has the RTO (:meth:`tick`).
         """
-        probe = None
+        best = None
         if self._outstanding:
             oldest = next(iter(self._outstanding))
-            if self._outstanding[oldest][0] + self.window.reorder_window <= self._answered_sent:
-                return oldest, self._answered_sent, False
-            if self.n_done:
-                probe = (oldest, self.last_progress + self.window.probe_timeout * 2.0 ** self._probes, True)
+            sent, _, _, order, _, _ = self._outstanding[oldest]
+            if order < self._rack_order:
+                best = (oldest, sent + self._rack_rtt + self.window.reorder_window, LOST)
+            elif self.started and (len(self._outstanding) <= EARLY_PROBE
+                                   or (self.n_done and len(self._outstanding) < self.window.size)):
+                # Before the job answered, silence means peers are starting; before the call's first
+                # result, a window is still on its way through the switch; with a full window out,
+                # the results of the others would reveal a loss: silence is a stall. A call's last
+                # packets, or a packet or two, have no later ones to do that.
+                newest = next((u for u in reversed(self._outstanding) if not self._outstanding[u][1]), None)
+                if newest is not None:
+                    best = (newest, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
         timer = self._first_timer()
-        if timer is not None and (probe is None or timer[0] <= probe[1]):
-            return timer[1], timer[0], False
-        return probe
+        if timer is not None and (best is None or timer[0] < best[1]):
+            return timer[1], timer[0], TIMEOUT
+        return best
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has something to do: a retransmission or the progress timeout."""
@@ -412,16 +540,41 @@ class Reduction:
         return stall if loss is None else min(loss[1], stall)
 
     def tick(self, now: float) -> None:
-        """Retransmit what is lost, timed out or probed; raise if progress stopped for too long."""
-        if now - self.last_progress >= self.progress_timeout and not self.done:
+        """Retransmit what is lost, timed out or probed; raise if progress stopped for too long.
+
+        An RTO that runs out after an RTO of silence resends one packet per silence, the lowest
+        chunk out (see ``docs/protocol.md``, section 4).
+        """
+        if now >= self.last_progress + self.progress_timeout and not self.done:
             raise self._stall_error(now)
         while (loss := self._next_loss()) is not None and loss[1] <= now:
-            t, _, probe = loss
-            self._probes += probe
-            if self.n_done:  # before a call's first result, silence means peers still on their way to it
-                self.window.on_timeout(now)
+            t, _, why = loss
+            retries = self._outstanding[t][1]
+            if why == PROBE:  # no sign of loss yet: the window stays
+                self._probes += 1
+                self._probe_from = now
+            elif why == LOST or retries:  # random loss, or a resent packet lost again
+                self.window.on_loss()
+            else:  # a packet sent once timed out
+                if now - self.last_progress >= self.window.rto:
+                    # Nothing came for an RTO: peers still on their way to the call, a stall or a
+                    # blackout, not so many losses. One packet goes per silence (and again as it
+                    # backs off), the others wait another RTO, and RACK once results come again. It
+                    # is the lowest chunk out, which every peer that lacks its result also resends:
+                    # were each to pick its own, each might wait on one only another resends.
+                    lowest = min(self._outstanding)
+                    if self._stalled or lowest != t:
+                        entry = self._outstanding[t]
+                        entry[4] = now + self.window.rto
+                        heapq.heappush(self._timers, (entry[4], t))
+                        if self._stalled or self._outstanding[lowest][1]:  # the lowest has its own timer
+                            continue
+                        t = lowest
+                    self._stalled = True
+                if self.n_done:  # before a call's first result, silence means peers on their way to it
+                    self.window.on_timeout(now)
             self.retransmissions += 1
-            self._send(t, now, self._outstanding[t][1] + 1)  # its old timer goes stale
+            self._send(t, now, retries + 1)  # its old timer goes stale
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""
