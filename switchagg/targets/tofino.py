@@ -27,7 +27,6 @@ from .p4job import (
     NUM_SLOTS,
     Admission,
     JobParams,
-    Replica,
     check_config,
     free_group,
     job_entry,
@@ -75,8 +74,9 @@ def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
     return pipes.pop() * PORTS_PER_PIPE + chip.recirculation_port
 
 
-def _rid(r: Replica) -> int:
-    return (r.group - 1) * MAX_WORKERS + r.worker + 1
+def _rid(group: int, worker: int) -> int:
+    """A replica's id, unique across jobs (0 is the flood group's node)."""
+    return (group - 1) * MAX_WORKERS + worker + 1
 
 
 def _admission_key(row: Admission) -> dict[str, int]:
@@ -138,16 +138,16 @@ class TofinoTarget(Target):
             _install_l2(s, rows.hosts)
             if not any(r.key["f1"] == (recirc, PORT_MASK) for r in s.entries(RECIRCULATION_PORTS)):
                 s.add(RECIRCULATION_PORTS, {"f1": (recirc, PORT_MASK)}, {})
-            for r in rows.replicas:
-                s.add(PRE_NODE, {"$MULTICAST_NODE_ID": _rid(r)},
-                      {"$MULTICAST_RID": _rid(r), "$MULTICAST_LAG_ID": [], "$DEV_PORT": [r.port]})
-            nodes = [_rid(r) for r in rows.replicas]
+            nodes = [_rid(r.group, r.worker) for r in rows.replicas]
+            for r, rid in zip(rows.replicas, nodes, strict=True):
+                s.add(PRE_NODE, {"$MULTICAST_NODE_ID": rid},
+                      {"$MULTICAST_RID": rid, "$MULTICAST_LAG_ID": [], "$DEV_PORT": [r.port]})
             s.add(PRE_MGID, {"$MGID": rows.replicas[0].group},
                   {"$MULTICAST_NODE_ID": nodes, "$MULTICAST_NODE_L1_XID_VALID": [False] * len(nodes),
                    "$MULTICAST_NODE_L1_XID": [0] * len(nodes)})
-            for r in rows.replicas:
-                s.add(REPLICA, {"rid": _rid(r)}, {"eth_dst": r.mac, "ip_src": r.switch_ip, "ip_dst": r.ip,
-                                                  "udp_dst": r.udp_port, "worker": r.worker}, TO_WORKER)
+            for r, rid in zip(rows.replicas, nodes, strict=True):
+                s.add(REPLICA, {"rid": rid}, {"eth_dst": r.mac, "ip_src": r.switch_ip, "ip_dst": r.ip,
+                                              "udp_dst": r.udp_port, "worker": r.worker}, TO_WORKER)
             index = rows.replicas[0].group - 1
             for c in JobCounter:
                 s.modify(JOB_COUNTERS, {"$COUNTER_INDEX": index * JOB_COUNTER_STRIDE + c}, {"$COUNTER_SPEC_PKTS": 0})
@@ -173,7 +173,7 @@ class TofinoTarget(Target):
             group = rows[0].params.group
             s.delete(PRE_MGID, {"$MGID": group})
             for row in rows:
-                rid = (group - 1) * MAX_WORKERS + row.worker + 1
+                rid = _rid(group, row.worker)
                 s.delete(REPLICA, {"rid": rid})
                 s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
 
