@@ -22,7 +22,6 @@ from ..wire import VERSION, PacketType
 from .base import Target, TargetOptions
 from .p4c import Pipeline, build
 from .p4job import (
-    BROADCAST,
     FLOOD_GROUP,
     MAX_JOBS,
     NUM_SLOTS,
@@ -31,7 +30,7 @@ from .p4job import (
     check_config,
     free_group,
     job_entry,
-    mac_int,
+    l2_update,
     plan,
 )
 
@@ -116,28 +115,20 @@ def _admission_row(entry: Any) -> Admission:
 
 
 def _install_l2(sh: Any, hosts: list[tuple[int, int]]) -> None:
-    """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
-    entries = list(sh.TableEntry(L2).read())
-    ports = {_param(e, "port") for e in entries if e.action.action_name.endswith("to_port")}
-    present = {_match(e, "eth_dst") >> 288 for e in entries}
-    first = not entries
-    for mac, port in hosts:
-        if mac in present:
-            continue
-        e = sh.TableEntry(L2)(action="SaIngress.forwarding.to_port")
+    """The L2 entries and flood group of :func:`~switchagg.targets.p4job.l2_update`."""
+    present = {_match(e, "eth_dst") >> 288: _param(e, "port") if e.action.action_name.endswith("to_port") else None
+               for e in sh.TableEntry(L2).read()}
+    update = l2_update(present, hosts)
+    for mac, port in update.add:
+        e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood" if port is None else "SaIngress.forwarding.to_port")
         e.match["eth_dst"] = str(mac << 288)
-        e.action["port"] = str(port)
-        e.insert()
-        present.add(mac)
-        ports.add(port)
-    if mac_int(BROADCAST) not in present:
-        e = sh.TableEntry(L2)(action="SaIngress.forwarding.flood")
-        e.match["eth_dst"] = str(mac_int(BROADCAST) << 288)
+        if port is not None:
+            e.action["port"] = str(port)
         e.insert()
     flood = sh.MulticastGroupEntry(FLOOD_GROUP)
-    for port in sorted(ports):
+    for port in update.flood_ports:
         flood.add(port, 0)
-    (flood.insert if first else flood.modify)()
+    (flood.insert if update.first else flood.modify)()
 
 
 def _deployed(sh: Any) -> dict[int, tuple[list[Any], list[Admission]]]:

@@ -142,6 +142,30 @@ def job_entry(rows: list[Admission]) -> JobEntry:
                     P4_VALUES_PER_PACKET, tuple(workers))
 
 
+class L2Update(NamedTuple):
+    """What the L2 table and the flood group need for a job's hosts, given the entries already there."""
+
+    add: list[tuple[int, int | None]]  # (MAC, port) entries to add; port None: broadcast, which floods
+    flood_ports: list[int]  # every host port, the flood group's members
+    first: bool  # the table was empty: the flood group is created, not modified
+
+
+def l2_update(present: dict[int, int | None], hosts: list[tuple[int, int]]) -> L2Update:
+    """Hosts reach each other (and ARP works): one entry per worker MAC not yet in ``present`` (MAC ->
+    port, None for the broadcast entry), broadcast flooding to every host port."""
+    add: list[tuple[int, int | None]] = []
+    ports = {port for port in present.values() if port is not None}
+    known = set(present)
+    for mac, port in hosts:
+        if mac not in known:
+            add.append((mac, port))
+            known.add(mac)
+            ports.add(port)
+    if mac_int(BROADCAST) not in known:
+        add.append((mac_int(BROADCAST), None))
+    return L2Update(add, sorted(ports), not present)
+
+
 def free_group(deployed: list[JobParams], max_jobs: int) -> int:
     """The lowest multicast group no deployed job uses (groups are 1..max_jobs)."""
     used = {p.group for p in deployed}

@@ -20,7 +20,6 @@ from ..wire import MAX_WORKERS  # rids are job index * MAX_WORKERS + rank + 1
 from .base import Target, TargetOptions
 from .bfrt import BfrtSession, Row, TableSession
 from .p4job import (
-    BROADCAST,
     FLOOD_GROUP,
     JOB_COUNTER_STRIDE,
     MAX_JOBS,
@@ -30,7 +29,7 @@ from .p4job import (
     check_config,
     free_group,
     job_entry,
-    mac_int,
+    l2_update,
     plan,
 )
 from .tofino_build import Chip, build, resources
@@ -213,22 +212,18 @@ def _deployed(s: TableSession) -> dict[int, list[Admission]]:
 
 
 def _install_l2(s: TableSession, hosts: list[tuple[int, int]]) -> None:
-    """Hosts reach each other (and ARP works): one entry per worker MAC; broadcast floods to every host port."""
-    entries = s.entries(L2)
-    present = {e.key["eth_dst"] for e in entries}
-    ports = {e.data["port"] for e in entries if e.action == TO_PORT}
-    first = not entries
-    for mac, port in hosts:
-        if mac not in present:
+    """The L2 entries and flood group (node 0, rid 0) of :func:`~switchagg.targets.p4job.l2_update`."""
+    update = l2_update({e.key["eth_dst"]: e.data["port"] if e.action == TO_PORT else None for e in s.entries(L2)},
+                       hosts)
+    for mac, port in update.add:
+        if port is None:
+            s.add(L2, {"eth_dst": mac}, {}, FLOOD)
+        else:
             s.add(L2, {"eth_dst": mac}, {"port": port}, TO_PORT)
-            present.add(mac)
-            ports.add(port)
-    if mac_int(BROADCAST) not in present:
-        s.add(L2, {"eth_dst": mac_int(BROADCAST)}, {}, FLOOD)
-    node = {"$MULTICAST_RID": 0, "$MULTICAST_LAG_ID": [], "$DEV_PORT": sorted(ports)}
-    group = {"$MULTICAST_NODE_ID": [0], "$MULTICAST_NODE_L1_XID_VALID": [False], "$MULTICAST_NODE_L1_XID": [0]}
-    if first:
+    node = {"$MULTICAST_RID": 0, "$MULTICAST_LAG_ID": [], "$DEV_PORT": update.flood_ports}
+    if update.first:
         s.add(PRE_NODE, {"$MULTICAST_NODE_ID": 0}, node)
-        s.add(PRE_MGID, {"$MGID": FLOOD_GROUP}, group)
+        s.add(PRE_MGID, {"$MGID": FLOOD_GROUP},
+              {"$MULTICAST_NODE_ID": [0], "$MULTICAST_NODE_L1_XID_VALID": [False], "$MULTICAST_NODE_L1_XID": [0]})
     else:
         s.modify(PRE_NODE, {"$MULTICAST_NODE_ID": 0}, node)
