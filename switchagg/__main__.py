@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import Endpoint, JobConfig
+from .config import LOSS_RECOVERY, Endpoint, JobConfig
 from .errors import SwitchAggError
 
 
@@ -141,7 +141,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from .benchmarks.loss import RATES, run_loss_bench
 
         return run_loss_bench(worker_counts=tuple(args.loss_workers), rates=tuple(args.loss_rates or RATES),
-                              plot=args.plot)
+                              recoveries=tuple(args.loss_recovery), plot=args.plot)
     if args.ddp:
         from .ddp_demo import run_ddp_bench
 
@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: time under 0, 0.1, 1 and 5%% real packet loss (root: namespaces and nftables)")
     p.add_argument("--loss-workers", type=int, nargs="+", default=[4, 7], help="worker counts of --loss")
     p.add_argument("--loss-rates", type=float, nargs="+", help="loss rates of --loss, percent per hop")
+    p.add_argument("--loss-recovery", nargs="+", choices=sorted(LOSS_RECOVERY), default=["resend", "query"],
+                   help="the job's loss_recovery settings --loss compares")
     p.add_argument("--ddp", action="store_true",
                    help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
     p.set_defaults(fn=_cmd_bench)

@@ -64,9 +64,13 @@ typedef struct {
     uint8_t worker;
     uint32_t key, generation, first_id;
     int log2n;  /* bits of headroom for n workers */
+    unsigned int n_workers;
+    int ask_first;  /* StreamParams.ask_first */
+    uint32_t all;  /* a PENDING's bitmap of a finished sum: every worker's bit */
     Py_ssize_t slots, k, n_chunks, rounds, total, numel;
     /* per entry t (exponent round, then data chunks) */
     uint8_t *done, *in_flight;
+    uint8_t *state;  /* SENT, ASKED or WAITING (protocol.py) */
     int8_t *agreed;
     long *retries;
     double *last_send, *first_send, *resent_at;  /* resent_at: its first resend */
@@ -86,11 +90,11 @@ typedef struct {
     double probe_from;    /* the last new result or probe: the next probe waits from here */
     double first_result;  /* when this call's first result came */
     int stalled;          /* a packet was resent for an RTO of silence since the last new result */
-    Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head] */
+    Py_ssize_t *outbox;  /* entries to send, oldest first, from outbox[out_head]; ~t: a QUERY about t */
     Py_ssize_t out_head, out_len, out_cap;
     double last_progress, progress_timeout;
     int started;
-    long retransmissions;
+    long retransmissions, queries;
     int ready;  /* __init__ succeeded */
 } Stream;
 
@@ -343,7 +347,13 @@ static void unlist(Stream *s, Py_ssize_t t) {
     list_remove(&s->sends, t);
 }
 
-static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
+/* Why a packet is resent (protocol.LOST, PROBE, TIMEOUT), and what was last sent of an entry in flight
+ * (protocol.SENT, ASKED, WAITING). */
+enum { LOST, PROBE, TIMEOUT };
+enum { SENT, ASKED, WAITING };
+
+/* Reduction._send: entry t's contribution (SENT) or a QUERY about it (ASKED), `retries` times again. */
+static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state) {
     if (s->out_head + s->out_len == s->out_cap) {
         if (s->out_head) {
             memmove(s->outbox, s->outbox + s->out_head, (size_t)s->out_len * sizeof(Py_ssize_t));
@@ -355,13 +365,14 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries) {
             s->outbox = grown;
         }
     }
-    s->outbox[s->out_head + s->out_len++] = t;
+    s->outbox[s->out_head + s->out_len++] = state == ASKED ? ~t : t;
     if (!s->in_flight[t]) {
         s->in_flight[t] = 1;
         s->n_in_flight++;
     }
     s->first_send[t] = retries ? s->first_send[t] : now;
-    s->resent_at[t] = retries > 1 ? s->resent_at[t] : now;
+    s->resent_at[t] = retries > 1 ? s->resent_at[t] : now;  /* its first resend (or query) */
+    s->state[t] = (uint8_t)state;
     s->last_send[t] = now;
     s->order[t] = s->n_sends++;
     s->retries[t] = retries;
@@ -383,21 +394,17 @@ static int fill(Stream *s, double now) {
         if (prev >= 0 && !s->done[prev])
             break;
         place_next(s);
-        if (send_entry(s, s->next, now, 0) < 0)
+        if (send_entry(s, s->next, now, 0, SENT) < 0)
             return -1;
         s->next++;
     }
     return 0;
 }
 
-static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
-    int proposal = EXP_NONE;
-    if (t < s->rounds)
-        proposal = s->proposals[t];
-    else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
-        proposal = s->proposals[t - s->rounds + s->slots];
+/* Entry t's header: a CONTRIB proposing `proposal` with K values, or a QUERY (no values). */
+static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int type, int proposal) {
     row[OFF_VERSION] = VERSION;
-    row[OFF_TYPE] = TYPE_CONTRIB;
+    row[OFF_TYPE] = (unsigned char)type;
     row[OFF_FLAGS] = s->copy_of[t];
     row[OFF_WORKER] = s->worker;
     put16(row + OFF_JOB, s->job);
@@ -407,7 +414,16 @@ static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
     put32(row + OFF_KEY, s->key);
     row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
     row[OFF_RESERVED] = 0;
-    put16(row + OFF_COUNT, (uint16_t)s->k);
+    put16(row + OFF_COUNT, type == TYPE_QUERY ? 0 : (uint16_t)s->k);
+}
+
+static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
+    int proposal = EXP_NONE;
+    if (t < s->rounds)
+        proposal = s->proposals[t];
+    else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
+        proposal = s->proposals[t - s->rounds + s->slots];
+    write_header(s, t, row, TYPE_CONTRIB, proposal);
     unsigned char *values = row + HEADER_SIZE;
     if (t < s->rounds) {  /* the exponent round carries zeros */
         memset(values, 0, 4 * (size_t)s->k);
@@ -426,24 +442,43 @@ static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
 }
 
 PyDoc_STRVAR(emit_doc,
-"emit(rows) -> int\n\n"
+"emit(rows, lengths) -> int\n\n"
 "Write the packets due, oldest first, into the rows of ``rows`` (a writable 2-D uint8 array with\n"
-"rows of at least 24 + 4 K bytes), one packet per row, as many as fit; returns how many.");
+"rows of at least 24 + 4 K bytes), one packet per row, as many as fit, and each one's length into\n"
+"``lengths`` (uint32): 24 for a QUERY, 24 + 4 K for a contribution; returns how many.");
 
-static PyObject *Stream_emit(Stream *s, PyObject *arg) {
-    Py_buffer rows;
-    if (unready(s) || PyObject_GetBuffer(arg, &rows, PyBUF_WRITABLE | PyBUF_ND) < 0)
+static PyObject *Stream_emit(Stream *s, PyObject *args) {
+    PyObject *rows_obj, *lengths_obj;
+    Py_buffer rows, lengths;
+    if (unready(s) || !PyArg_ParseTuple(args, "OO", &rows_obj, &lengths_obj)
+            || PyObject_GetBuffer(rows_obj, &rows, PyBUF_WRITABLE | PyBUF_ND) < 0)
         return NULL;
-    if (rows.ndim != 2 || rows.itemsize != 1 || rows.shape[1] < HEADER_SIZE + 4 * s->k) {
+    if (PyObject_GetBuffer(lengths_obj, &lengths, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&rows);
-        return PyErr_Format(PyExc_ValueError, "emit: rows must be a 2-D array of rows of at least %zd bytes",
-                            HEADER_SIZE + 4 * s->k);
+        return NULL;
+    }
+    if (rows.ndim != 2 || rows.itemsize != 1 || rows.shape[1] < HEADER_SIZE + 4 * s->k || lengths.itemsize != 4
+            || lengths.format == NULL || (lengths.format[0] != 'I' && lengths.format[0] != 'L')) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&lengths);
+        return PyErr_Format(PyExc_ValueError, "emit: rows must be a 2-D array of rows of at least %zd bytes, "
+                            "lengths a uint32 array", HEADER_SIZE + 4 * s->k);
     }
     Py_ssize_t n = s->out_len < rows.shape[0] ? s->out_len : rows.shape[0];
+    n = n < lengths.len / 4 ? n : lengths.len / 4;
+    uint32_t *length = lengths.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        write_packet(s, s->outbox[s->out_head + i], (unsigned char *)rows.buf + i * rows.shape[1]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t t = s->outbox[s->out_head + i];
+        unsigned char *row = (unsigned char *)rows.buf + i * rows.shape[1];
+        if (t < 0)
+            write_header(s, ~t, row, TYPE_QUERY, EXP_NONE);
+        else
+            write_packet(s, t, row);
+        length[i] = (uint32_t)(t < 0 ? HEADER_SIZE : HEADER_SIZE + 4 * s->k);
+    }
     Py_END_ALLOW_THREADS
+    PyBuffer_Release(&lengths);
     s->out_head += n;
     s->out_len -= n;
     if (!s->out_len)
@@ -454,8 +489,37 @@ static PyObject *Stream_emit(Stream *s, PyObject *arg) {
 
 /* ---- receiving (Reduction.receive, and the client's checks before it) -------------------------- */
 
+/* A PENDING, the answer to a QUERY (Reduction.receive_pending): the contribution goes again when this
+ * worker's bit is clear or every bit is set; else a peer's is missing and t waits, on its timer alone.
+ * Returns 0, or -1 when out of memory. */
+static int receive_pending(Stream *s, const unsigned char *p, double now) {
+    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
+    if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation
+            || get16(p + OFF_COUNT) != 0 || t >= s->total || !s->in_flight[t] || s->state[t] != ASKED
+            || get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
+        return 0;  /* not ours, or not the answer it waits for */
+    uint32_t bitmap = get32(p + OFF_KEY);
+    long retries = s->retries[t];
+    if (!(bitmap >> s->worker & 1) || bitmap == s->all) {
+        unlist(s, t);
+        s->retransmissions++;
+        return send_entry(s, t, now, retries, SENT);
+    }
+    /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
+    s->state[t] = WAITING;
+    long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
+    unlist(s, t);
+    s->last_send[t] = now;
+    s->order[t] = s->n_sends++;
+    timer_set(s, t, now + dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff)));
+    list_insert(&s->sends, t, s->sends.tail);
+    return 0;
+}
+
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
+    if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
+        return receive_pending(s, p, now);
     if (length < HEADER_SIZE || p[OFF_TYPE] != TYPE_RESULT || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT))
         return 0;
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
@@ -488,7 +552,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
             s->rack_order = s->order[t];
             s->rack_rtt = now - sent;
         }
-    } else if (now - sent < s->w.min_rtt) {  /* spurious: the original's result (Window.is_spurious) */
+    } else if (s->state[t] != WAITING && now - sent < s->w.min_rtt) {  /* spurious: the original's result */
         win_undo(&s->w);
         win_on_result(&s->w, now - s->first_send[t], now, s->first_send[t] >= s->first_result);
     } else {  /* ambiguous: no round trip, but how long a resent packet waits */
@@ -564,9 +628,6 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 }
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
-
-/* Why a packet is resent (protocol.LOST, PROBE, TIMEOUT). */
-enum { LOST, PROBE, TIMEOUT };
 
 /* The packet to resend next, when, and why (Reduction._next_loss); -1 when none. */
 static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
@@ -646,9 +707,15 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
                 win_on_timeout(&s->w, now);
         }
         unlist(s, t);
-        s->retransmissions++;
         changed = 1;
-        if (send_entry(s, t, now, s->retries[t] + 1) < 0)
+        /* ask the switch first, unless it said this worker's contribution is missing (and a lone
+         * worker has no one else to blame) */
+        int ask = s->ask_first && s->n_workers > 1 && !(s->retries[t] && s->state[t] == SENT);
+        if (ask)
+            s->queries++;
+        else
+            s->retransmissions++;
+        if (send_entry(s, t, now, s->retries[t] + 1, ask ? ASKED : SENT) < 0)
             return PyErr_NoMemory();
     }
     if (changed && win_store(s) < 0)
@@ -675,20 +742,20 @@ static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
 static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
-                             "progress_timeout", "started", NULL};
+                             "progress_timeout", "started", "ask_first", NULL};
     PyObject *window, *x, *out, *proposals, *copy0;
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
     Py_ssize_t k, n_chunks, rounds;
     double now, progress_timeout;
-    int started;
+    int started, ask_first = 0;
     if (s->window != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|p", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
-                                     &rounds, &first_id, &now, &progress_timeout, &started))
+                                     &rounds, &first_id, &now, &progress_timeout, &started, &ask_first))
         return -1;
     Py_buffer copies;
     if (PyObject_GetBuffer(copy0, &copies, PyBUF_SIMPLE) < 0)
@@ -704,6 +771,9 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->log2n = 0;
     while ((1u << s->log2n) < n_workers)
         s->log2n++;
+    s->n_workers = n_workers;
+    s->ask_first = ask_first;
+    s->all = n_workers >= 32 ? 0xffffffffu : (1u << n_workers) - 1;
     s->k = k;
     s->n_chunks = n_chunks;
     s->rounds = rounds;
@@ -730,6 +800,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->proposals = malloc((size_t)n_chunks + 1);
     s->done = calloc(total, 1);
     s->in_flight = calloc(total, 1);
+    s->state = calloc(total, 1);
     s->agreed = malloc(total);
     s->retries = calloc(total, sizeof(long));
     s->last_send = calloc(total, sizeof(double));
@@ -747,7 +818,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
-    if (!s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->agreed || !s->retries || !s->last_send
+    if (!s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->state || !s->agreed || !s->retries || !s->last_send
             || !s->first_send) {
         PyErr_NoMemory();
         goto done;
@@ -786,6 +857,7 @@ static void Stream_dealloc(Stream *s) {
     free(s->proposals);
     free(s->done);
     free(s->in_flight);
+    free(s->state);
     free(s->agreed);
     free(s->retries);
     free(s->last_send);
@@ -809,6 +881,7 @@ static PyObject *get_n_done(Stream *s, void *c) { return PyLong_FromSsize_t(s->n
 static PyObject *get_total(Stream *s, void *c) { return PyLong_FromSsize_t(s->total); }
 static PyObject *get_rounds(Stream *s, void *c) { return PyLong_FromSsize_t(s->rounds); }
 static PyObject *get_retransmissions(Stream *s, void *c) { return PyLong_FromLong(s->retransmissions); }
+static PyObject *get_queries(Stream *s, void *c) { return PyLong_FromLong(s->queries); }
 static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
 static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
 
@@ -818,14 +891,15 @@ static PyGetSetDef Stream_getset[] = {
     {"n_done", (getter)get_n_done, NULL, NULL, NULL},
     {"total", (getter)get_total, NULL, "packets of the call: the exponent round and the data chunks", NULL},
     {"rounds", (getter)get_rounds, NULL, "packets of the exponent round", NULL},
-    {"retransmissions", (getter)get_retransmissions, NULL, NULL, NULL},
+    {"retransmissions", (getter)get_retransmissions, NULL, "contributions sent again", NULL},
+    {"queries", (getter)get_queries, NULL, "QUERY packets sent", NULL},
     {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},
     {"due", (getter)get_outbox_len, NULL, "packets waiting for emit()", NULL},
     {NULL},
 };
 
 static PyMethodDef Stream_methods[] = {
-    {"emit", (PyCFunction)Stream_emit, METH_O, emit_doc},
+    {"emit", (PyCFunction)Stream_emit, METH_VARARGS, emit_doc},
     {"receive_batch", (PyCFunction)Stream_receive_batch, METH_VARARGS, receive_batch_doc},
     {"next_deadline", (PyCFunction)Stream_next_deadline, METH_NOARGS,
      "When tick() has something to do: a retransmission or the progress timeout."},
@@ -855,9 +929,10 @@ int sa_add_stream_type(PyObject *module) {
         "version", OFF_VERSION, 1, "type", OFF_TYPE, 1, "flags", OFF_FLAGS, 1, "worker", OFF_WORKER, 1,
         "job", OFF_JOB, 2, "slot", OFF_SLOT, 2, "chunk", OFF_CHUNK, 4, "generation", OFF_GENERATION, 4,
         "key", OFF_KEY, 4, "exponent", OFF_EXPONENT, 1, "reserved", OFF_RESERVED, 1, "count", OFF_COUNT, 2);
-    PyObject *wire = Py_BuildValue("{sisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
+    PyObject *wire = Py_BuildValue("{sisisisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
                                    "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
-                                   "PROBE_REPLY", TYPE_PROBE_REPLY, "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
+                                   "PROBE_REPLY", TYPE_PROBE_REPLY, "QUERY", TYPE_QUERY, "PENDING", TYPE_PENDING,
+                                   "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
     PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,

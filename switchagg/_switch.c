@@ -28,7 +28,7 @@
 enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, IP_OPTIONS, FRAGMENT, N_GLOBAL };  /* counters.GlobalDrop */
 enum {  /* counters.JobCounter */
     CONTRIBUTIONS, RESULTS_MULTICAST, RESULTS_UNICAST, PROBES, WRONG_GENERATION, SLOT_OUT_OF_RANGE, BAD_COUNT,
-    STALE, DUPLICATE_PENDING, N_JOB_COUNTERS
+    STALE, DUPLICATE_PENDING, QUERIES, N_JOB_COUNTERS
 };
 
 typedef struct {
@@ -78,8 +78,8 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
     }
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER];
     uint32_t count = get16(p + OFF_COUNT);
-    if ((type != TYPE_CONTRIB && type != TYPE_PROBE) || flags & ~FLAG_COPY || p[OFF_RESERVED] || worker >= MAX_WORKERS
-            || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type == TYPE_PROBE && count)) {
+    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~FLAG_COPY || p[OFF_RESERVED]
+            || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
         sw->global[MALFORMED]++;
         return 0;
     }
@@ -107,21 +107,28 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         counters[SLOT_OUT_OF_RANGE]++;
         return 0;
     }
-    if (count != job->k) {
+    if (type == TYPE_CONTRIB && count != job->k) {
         counters[BAD_COUNT]++;
         return 0;
     }
     Py_ssize_t i = 2 * ((Py_ssize_t)job->slot_base + slot) + (flags & FLAG_COPY);
     /* Stage 1, tag: is this chunk new to the copy, the one it holds, or older? */
     uint64_t stored = sw->tag[i];
-    int fresh = 0;
-    if ((uint32_t)(stored >> 32) != generation || chunk_is_newer(chunk, (uint32_t)stored)) {
-        fresh = 1;
-        sw->tag[i] = (uint64_t)generation << 32 | chunk;
-    } else if ((uint32_t)stored != chunk) {
+    int fresh = (uint32_t)(stored >> 32) != generation || chunk_is_newer(chunk, (uint32_t)stored);
+    if (!fresh && (uint32_t)stored != chunk) {
         counters[STALE]++;
         return 0;
     }
+    if (type == TYPE_QUERY) {  /* read the bitmap, write nothing: SwitchModel._query */
+        counters[QUERIES]++;
+        write_head(out, p, TYPE_PENDING);
+        put32(out + OFF_KEY, fresh ? 0 : sw->bitmap[i]);
+        *out_len = HEADER_SIZE;
+        memcpy(out_names, src, NAME);
+        return 1;
+    }
+    if (fresh)
+        sw->tag[i] = (uint64_t)generation << 32 | chunk;
     /* Stage 2, bitmap: has this worker been counted already? */
     uint32_t bit = (uint32_t)1 << worker, old_bitmap = fresh ? 0 : sw->bitmap[i];
     sw->bitmap[i] = old_bitmap | bit;

@@ -12,6 +12,8 @@
 #define TYPE_RESULT 2
 #define TYPE_PROBE 3
 #define TYPE_PROBE_REPLY 4
+#define TYPE_QUERY 5
+#define TYPE_PENDING 6
 #define FLAG_COPY 1
 #define EXP_NONE (-128)
 #define MAX_WORKERS 32

@@ -90,7 +90,8 @@ class Client:
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
         self._started = False
-        self.retransmissions = 0  # packets sent again after a timeout, over all calls
+        self.retransmissions = 0  # contributions sent again after a loss, over all calls
+        self.queries = 0  # QUERY packets that asked the switch whose contribution it misses
         self.generation: int | None = None
         self._failed: BaseException | None = None
         self._closing = False
@@ -217,18 +218,18 @@ class Client:
             self._probe(self.start_timeout)
         cfg = self.config
         params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
-                              cfg.slot_count, cfg.values_per_packet)
+                              cfg.slot_count, cfg.values_per_packet, cfg.loss_recovery == "query")
         now = time.monotonic()
         kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
         red = kind(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
                    copies=self._copies, now=now, started=self._started,
                    progress_timeout=self.stall_timeout if self._started else self.start_timeout)
         self._next_id = (self._next_id + red.total) & _U32
-        sock, size = self._sock, datagram_size(cfg.values_per_packet)
+        sock = self._sock
         try:
             while True:
-                while n := red.emit(sock.out_rows):
-                    sock.send_rows(n, size)
+                while n := red.emit(sock.out_rows, sock.out_lengths):
+                    sock.send_rows(n)
                 if red.done:
                     break
                 if self._closing:
@@ -244,6 +245,7 @@ class Client:
         finally:
             self._started = self._started or red.started
             self.retransmissions += red.retransmissions
+            self.queries += red.queries
 
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
         """Which workers the stuck slots still wait for, when the switch can tell us."""

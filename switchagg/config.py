@@ -12,6 +12,7 @@ Example (``docs/protocol.md`` explains the fields)::
     slot_base = 0                 # this job's slots on the switch: [base, base + count)
     slot_count = 1024             # optional: wire.default_slot_count(K), 1024 for K = 64
     values_per_packet = 64        # K; 64 is what the P4 program sums
+    # loss_recovery = "query"     # "resend" (default) or "query": see LOSS_RECOVERY
     # generation = 7              # omit to learn it from the switch at start
 
     [[workers]]                   # rank 0, then rank 1, ...
@@ -28,6 +29,15 @@ from typing import Any
 
 from .errors import ConfigError
 from .wire import MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
+
+# How workers recover a chunk whose result did not come (docs/protocol.md, section 4):
+LOSS_RECOVERY = {
+    # every worker resends its contribution at once: the fastest, at (n + 1) / 2 resends per packet lost
+    "resend": "every worker resends its contribution",
+    # each asks the switch first (a QUERY) and only a worker it misses resends: about one resend per
+    # packet lost, for one more round trip per recovery; for large K, or a fabric short of bandwidth
+    "query": "workers ask the switch first, and only a worker it misses resends",
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class JobConfig:
     workers: tuple[WorkerSpec, ...]
     generation: int | None = None
     control: Endpoint | None = None
+    loss_recovery: str = "resend"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +101,9 @@ class JobConfig:
         _check_range("job.values_per_packet", self.values_per_packet, 1, MAX_VALUES_PER_PACKET)
         if self.generation is not None:
             _check_range("job.generation", self.generation, 1, 0xFFFFFFFF)
+        if self.loss_recovery not in LOSS_RECOVERY:
+            raise ConfigError(f"job.loss_recovery = {self.loss_recovery!r}: use one of "
+                              + ", ".join(f'"{name}" ({what})' for name, what in LOSS_RECOVERY.items()))
         if not 1 <= len(self.workers) <= MAX_WORKERS:
             raise ConfigError(
                 f"a job has 1..{MAX_WORKERS} workers, this one lists {len(self.workers)}: "
@@ -145,6 +159,7 @@ class JobConfig:
             slot_count=job.get("slot_count", default_slot_count(k)),
             values_per_packet=k,
             generation=job.get("generation"),
+            loss_recovery=job.get("loss_recovery", "resend"),
             workers=tuple(
                 WorkerSpec(
                     address=Endpoint.parse(_get(w, "address", f"workers[{i}]"), f"workers[{i}].address"),
@@ -166,6 +181,8 @@ class JobConfig:
                   f"values_per_packet = {self.values_per_packet}"]
         if self.generation is not None:
             lines.append(f"generation = {self.generation}")
+        if self.loss_recovery != "resend":
+            lines.append(f'loss_recovery = "{self.loss_recovery}"')
         for w in self.workers:
             lines += ["", "[[workers]]", f'address = "{w.address}"']
             if w.mac:

@@ -49,9 +49,10 @@ class JobCounter(enum.IntEnum):
     BAD_COUNT = 6  # value count other than the job's K
     STALE = 7  # a chunk older than the one the slot copy holds
     DUPLICATE_PENDING = 8  # a repeat from a counted worker while the sum is unfinished
+    QUERIES = 9  # queries answered (with a PENDING)
 
 
-JOB_DROPS = tuple(c for c in JobCounter if c >= JobCounter.WRONG_GENERATION)
+JOB_DROPS = tuple(c for c in JobCounter if JobCounter.WRONG_GENERATION <= c <= JobCounter.DUPLICATE_PENDING)
 
 
 def new_generation(avoid: int = 0) -> int:

@@ -62,6 +62,7 @@ class StreamParams:
     n_workers: int
     slot_count: int
     values_per_packet: int
+    ask_first: bool = False  # job.loss_recovery "query": a QUERY before any resend of one's contribution
 
 
 class Payloads(Protocol):
@@ -89,6 +90,7 @@ MIN_PROBE = 0.01  # s: the shortest silence after which a call probes (Window.pr
 MIN_PROBE_LOSSY = 0.003  # s: the same on a path that lost packets in the last round trip judged
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
+SENT, ASKED, WAITING = 0, 1, 2  # a packet out: its data sent; a QUERY sent; a peer's missing (the switch said)
 
 
 class WindowState(NamedTuple):
@@ -299,7 +301,7 @@ class Send(NamedTuple):
     """
 
     header: Header
-    data_chunk: int  # the chunk of the tensor it carries; -1 in the exponent round (zeros)
+    data_chunk: int  # the chunk of the tensor it carries; -1 in the exponent round (zeros); a QUERY none
     exponent: int  # the agreed exponent its values are quantized with
 
 
@@ -327,10 +329,13 @@ class Reduction:
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
         self._result = (PacketType.RESULT, params.worker, params.job, params.generation, params.key,
                         params.values_per_packet)  # what a RESULT for this call carries
+        self._pending = (PacketType.PENDING, params.worker, params.job, params.generation, 0)  # and a PENDING
+        self._all = (1 << params.n_workers) - 1  # a PENDING's bitmap of a finished sum
         self._done = bytearray(self.total)
         self.n_done = 0
         self._next = 0
-        # t -> [last send, retries, first send, order, timer deadline, first resend], in order of last send
+        # t -> [last send, retries, first send, order, timer deadline, first resend, SENT/ASKED/WAITING],
+        # in order of last send
         self._outstanding: dict[int, list] = {}
         self._sends = 0  # packets this call sent: the order of each send
         self._timers: list[tuple[float, int]] = []  # (deadline, t); one whose packet's deadline moved is stale
@@ -338,7 +343,8 @@ class Reduction:
         self.last_progress = now
         self.progress_timeout = progress_timeout
         self.started = started
-        self.retransmissions = 0
+        self.retransmissions = 0  # contributions sent again
+        self.queries = 0  # QUERY packets sent
         # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
@@ -387,6 +393,14 @@ class Reduction:
                              exponent=proposal, count=p.values_per_packet)
         return Send(header, data_chunk, exponent_used)
 
+    def _query(self, t: int) -> Send:
+        """A QUERY about entry ``t``: which workers has its slot copy counted (a header, no values)?"""
+        p = self.params
+        slot, copy = self._slot_copy(t)
+        header = make_header(PacketType.QUERY, job=p.job, worker=p.worker, slot=slot, copy=copy,
+                             chunk=(self.first_id + t) & _U32, generation=p.generation, key=p.key)
+        return Send(header, -1, EXP_NONE)
+
     def encode(self, send: Send, out: np.ndarray) -> None:
         """Write ``send``'s K values into ``out`` (big-endian int32), e.g. the row it is sent from."""
         if send.data_chunk < 0:
@@ -394,21 +408,24 @@ class Reduction:
         else:
             self.payloads.encode(send.data_chunk, send.exponent, out)
 
-    def emit(self, rows: np.ndarray) -> int:
-        """Write the packets due, oldest first, into ``rows`` (uint8, a packet per row); returns how many."""
-        n = min(len(self.outbox), len(rows))
-        end = HEADER_SIZE + 4 * self.params.values_per_packet
-        for row, send in zip(rows, self.outbox[:n], strict=False):
-            HEADER_STRUCT.pack_into(row, 0, *send.header)
-            self.encode(send, row[HEADER_SIZE:end].view(VALUE_DTYPE))
+    def emit(self, rows: np.ndarray, lengths: np.ndarray) -> int:
+        """Write the packets due, oldest first, into ``rows`` (uint8, a packet per row) and each one's
+        length into ``lengths`` (a QUERY is a header, a contribution K values more); returns how many."""
+        n = min(len(self.outbox), len(rows), len(lengths))
+        for i, send in enumerate(self.outbox[:n]):
+            HEADER_STRUCT.pack_into(rows[i], 0, *send.header)
+            end = lengths[i] = HEADER_SIZE + 4 * send.header.count
+            if send.header.count:
+                self.encode(send, rows[i, HEADER_SIZE:end].view(VALUE_DTYPE))
         del self.outbox[:n]
         return n
 
-    def _send(self, t: int, now: float, retries: int) -> None:
-        self.outbox.append(self._packet(t))
+    def _send(self, t: int, now: float, retries: int, state: int = SENT) -> None:
+        """Send entry ``t``'s contribution (SENT), or a QUERY about it (ASKED), the ``retries``-th time again."""
+        self.outbox.append(self._query(t) if state == ASKED else self._packet(t))
         if retries:
-            _, _, first, _, _, resent = self._outstanding.pop(t)
-            resent = now if retries == 1 else resent
+            _, _, first, _, _, resent, _ = self._outstanding.pop(t)
+            resent = now if retries == 1 else resent  # its first resend (or query)
         else:
             first = resent = now
         if retries and self.started:
@@ -420,7 +437,7 @@ class Reduction:
         else:  # the RTO; with full backoff while the job has not answered yet (peers may still be starting)
             wait = self.window.timeout_for(retries)
         # at the end: the dict is in order of last send
-        self._outstanding[t] = [now, retries, first, self._sends, now + wait, resent]
+        self._outstanding[t] = [now, retries, first, self._sends, now + wait, resent, state]
         self._sends += 1
         heapq.heappush(self._timers, (now + wait, t))
 
@@ -450,7 +467,36 @@ class Reduction:
             h = unpack_header(data)
             if h.type == PacketType.RESULT and length == HEADER_SIZE + 4 * h.count:
                 fresh += self.receive(h, data[HEADER_SIZE:], now)
+            elif h.type == PacketType.PENDING and length == HEADER_SIZE:
+                self.receive_pending(h, now)
         return fresh
+
+    def receive_pending(self, h: Header, now: float) -> None:
+        """Take the switch's answer to a QUERY: the bitmap of workers its slot copy has counted.
+
+        With this worker's bit clear its contribution was lost, and with every bit set the result
+        was: either way the contribution goes again (a repeat of a finished sum is answered with
+        it). Otherwise a peer's contribution is missing, which that peer's own query tells it: this
+        worker sends nothing and waits, on the resend timer alone (RACK leaves it be), for the result.
+        """
+        t = (h.chunk - self.first_id) & _U32
+        entry = self._outstanding.get(t)
+        if ((h.type, h.worker, h.job, h.generation, h.count) != self._pending or entry is None
+                or entry[6] != ASKED or (h.slot, h.copy) != self._slot_copy(t)):
+            return  # not ours, or not the answer it waits for
+        if not h.key >> self.params.worker & 1 or h.key == self._all:
+            self.retransmissions += 1
+            self._send(t, now, entry[1])
+            return
+        # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
+        # (RACK), and the timer backs that up.
+        del self._outstanding[t]
+        backoff = min(entry[1] - 1, BACKOFF_CAP) if self.n_done else entry[1] - 1
+        entry[0], entry[3], entry[6] = now, self._sends, WAITING
+        entry[4] = now + min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
+        self._outstanding[t] = entry
+        self._sends += 1
+        heapq.heappush(self._timers, (entry[4], t))
 
     def receive(self, h: Header, values: Buffer, now: float) -> bool:
         """Take a RESULT addressed to this worker (``values``: its K big-endian int32); returns whether it was new."""
@@ -458,7 +504,7 @@ class Reduction:
         if ((h.type, h.worker, h.job, h.generation, h.key, h.count) != self._result
                 or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
             return False  # a duplicate, a stale result, or not ours
-        sent, retries, first, order, _, resent = self._outstanding.pop(t)
+        sent, retries, first, order, _, resent, state = self._outstanding.pop(t)
         self._done[t] = 1
         self.n_done += 1
         self._agreed[t] = h.exponent
@@ -470,7 +516,7 @@ class Reduction:
             self.window.on_result(now - sent, now, sent >= self._first_result)
             if order > self._rack_order:
                 self._rack_order, self._rack_rtt = order, now - sent
-        elif self.window.is_spurious(now - sent):
+        elif state != WAITING and self.window.is_spurious(now - sent):
             self.window.undo()
             self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
         else:  # ambiguous (Karn): no round trip, but how long a resent packet waits
@@ -516,7 +562,7 @@ class Reduction:
         best = None
         if self._outstanding:
             oldest = next(iter(self._outstanding))
-            sent, _, _, order, _, _ = self._outstanding[oldest]
+            sent, _, _, order, _, _, _ = self._outstanding[oldest]
             if order < self._rack_order:
                 best = (oldest, sent + self._rack_rtt + self.window.reorder_window, LOST)
             elif self.started and (len(self._outstanding) <= EARLY_PROBE
@@ -573,8 +619,15 @@ class Reduction:
                     self._stalled = True
                 if self.n_done:  # before a call's first result, silence means peers on their way to it
                     self.window.on_timeout(now)
-            self.retransmissions += 1
-            self._send(t, now, retries + 1)  # its old timer goes stale
+            # Ask the switch first where the job does, unless it said this worker's contribution is
+            # missing (and a lone worker has no one else to blame); its old timer goes stale.
+            if (self.params.ask_first and self.params.n_workers > 1
+                    and not (retries and self._outstanding[t][6] == SENT)):
+                self.queries += 1
+                self._send(t, now, retries + 1, ASKED)
+            else:
+                self.retransmissions += 1
+                self._send(t, now, retries + 1)
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""
@@ -601,7 +654,7 @@ class NativeReduction(_native.Stream):
                          None if proposals is None else proposals.astype(np.int8).tobytes(),
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
-                         progress_timeout, started)
+                         progress_timeout, started, params.ask_first)
 
     def tick(self, now: float) -> None:
         """Retransmit what timed out; raise if progress stopped for too long."""

@@ -226,19 +226,22 @@ class UdpSocket:
         self.stats.refused += refused
         return refused
 
-    def send_rows(self, n: int, size: int) -> int:
-        """Send the first ``size`` bytes of each of the first ``n`` rows of :attr:`out_rows` to the peer.
+    def send_rows(self, n: int, size: int | None = None) -> int:
+        """Send the first ``size`` bytes of each of the first ``n`` rows of :attr:`out_rows` to the peer,
+        or with ``size`` None, the first :attr:`out_lengths` [i] bytes of row i.
 
         The zero-copy path of a connected socket: the caller writes each packet straight into
-        its row, and consecutive rows leave as segmented messages. Returns how many the kernel
-        refused (lost).
+        its row, and consecutive rows of one size leave as segmented messages. Returns how many
+        the kernel refused (lost).
         """
-        if self.peer is None or not 0 <= n <= len(self._row_offsets) or size > self.max_datagram:
-            raise ValueError("send_rows needs a connected socket, n <= the rows and size <= max_datagram")
+        longest = size if size is not None else int(self.out_lengths[:n].max(initial=0))
+        if self.peer is None or not 0 <= n <= len(self._row_offsets) or longest > self.max_datagram:
+            raise ValueError("send_rows needs a connected socket, n <= the rows and sizes <= max_datagram")
         if not self._rows_laid_out:
             self.out_offsets[:len(self._row_offsets)] = self._row_offsets
             self._rows_laid_out = True
-        self.out_lengths[:n] = size
+        if size is not None:
+            self.out_lengths[:n] = size
         return self.send_packets(n)
 
     def send(self, messages: Sequence[Message]) -> int:

@@ -29,12 +29,14 @@ FLAG_COPY = 0x01  # which of the slot's two shadow copies the packet addresses
 
 
 class PacketType(enum.IntEnum):
-    """What a packet is; the switch accepts only CONTRIB and PROBE."""
+    """What a packet is; the switch accepts only CONTRIB, PROBE and QUERY."""
 
     CONTRIB = 1  # a worker's quantized chunk for one slot copy
     RESULT = 2  # the finished sum, multicast or unicast to a worker
     PROBE = 3  # "am I admitted, and under which generation?"
     PROBE_REPLY = 4  # the switch's answer, carrying the job's generation
+    QUERY = 5  # "which workers has this chunk's copy counted?": a header, no values
+    PENDING = 6  # the switch's answer: the copy's bitmap in the key field (0: it does not hold the chunk)
 
 
 class Field(NamedTuple):

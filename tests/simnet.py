@@ -39,6 +39,7 @@ class Job:
     key: int = 0xABCD
     generation: int = 7
     slot_base: int = 0
+    ask_first: bool = False  # job.loss_recovery = "query"
 
     def entry(self) -> JobEntry:
         return JobEntry(self.job_id, self.generation, self.key, self.slot_base, self.slots, self.k,
@@ -48,7 +49,7 @@ class Job:
         return (f"10.0.{self.job_id}.{rank + 1}", 40000 + rank)
 
     def params(self, rank: int) -> StreamParams:
-        return StreamParams(self.job_id, rank, self.key, self.generation, self.n, self.slots, self.k)
+        return StreamParams(self.job_id, rank, self.key, self.generation, self.n, self.slots, self.k, self.ask_first)
 
 
 @dataclass
@@ -97,12 +98,12 @@ class SimNet:
             heapq.heappush(self._events, (at, next(self._seq), dst, data, src))
 
     def _flush(self, w: Worker, addr) -> None:
-        rows = np.empty((3, datagram_size(w.job.k)), np.uint8)
-        while n := w.red.emit(rows):
-            for row in rows[:n]:
+        rows, lengths = np.empty((3, datagram_size(w.job.k)), np.uint8), np.zeros(3, np.uint32)
+        while n := w.red.emit(rows, lengths):
+            for row, length in zip(rows[:n], lengths[:n].tolist(), strict=True):
                 w.sent += 1
-                self.sent_log.append((self.now, addr, row.tobytes()))
-                self._transmit(self.up, "switch", row.tobytes(), addr)
+                self.sent_log.append((self.now, addr, row[:length].tobytes()))
+                self._transmit(self.up, "switch", row[:length].tobytes(), addr)
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0) -> None:
         job = w.job

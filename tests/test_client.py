@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from switchagg import Client, ConfigError, JobNotStarted, QuantizationError, SoftSwitch, StallError
+from switchagg import Client, ConfigError, JobConfig, JobNotStarted, QuantizationError, SoftSwitch, StallError
 from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
 from switchagg.wire import PacketType, make_header, unpack_header
 
@@ -256,8 +257,9 @@ def test_foreign_sender_and_fuzzed_headers_change_no_result(make_job, soft_switc
     assert g["not_admitted"] + g["malformed"] + g["bad_version"] > 0
 
 
-def test_killed_worker_makes_others_fail_fast(make_job):
-    cfg = make_job(3, k=256, slot_count=4)
+@pytest.mark.parametrize("recovery", ["resend", "query"])
+def test_killed_worker_makes_others_fail_fast(make_job, recovery):
+    cfg = dataclasses.replace(make_job(3, k=256, slot_count=4), loss_recovery=recovery)
     xs = inputs(3, 200_000)
 
     def work(r):
@@ -282,13 +284,14 @@ def test_killed_worker_makes_others_fail_fast(make_job):
         assert "waits for workers [2]" in str(exc)
 
 
-def test_a_worker_paused_for_two_seconds_is_waited_for_not_failed(soft_switch, tmp_path):
+@pytest.mark.parametrize("recovery", ["resend", "query"])
+def test_a_worker_paused_for_two_seconds_is_waited_for_not_failed(soft_switch, tmp_path, recovery):
     """SIGSTOP for 2 s, then SIGCONT: the others retransmit and wait (the stall timeout is 5 s), and
     every rank finishes every call with a correct sum. Faster loss recovery must not turn a slow
     peer into a dead one."""
     cfg = loopback_config(3, switch_port=soft_switch.address[1], control=soft_switch.control_address[1], k=64)
     soft_switch.add_job(cfg)
-    path = cfg.write(tmp_path / "job.toml")
+    path = dataclasses.replace(cfg, loss_recovery=recovery).write(tmp_path / "job.toml")
     workers = [subprocess.Popen([sys.executable, "-m", "switchagg", "worker", "--config", str(path), "--rank",
                                  str(r), "--size", "300000", "--rounds", "40"], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for r in range(3)]
@@ -326,6 +329,14 @@ def test_probe_reports_generation_and_checks_config(make_job, soft_switch):
         assert c.probe(2.0) == gen
     with Client(cfg.with_generation(gen ^ 1), 1) as c, pytest.raises(ConfigError, match="generation"):
         c.probe(2.0)
+
+
+def test_loss_recovery_is_read_written_and_checked(make_job, tmp_path):
+    cfg = dataclasses.replace(make_job(2), loss_recovery="query")
+    assert JobConfig.from_file(cfg.write(tmp_path / "job.toml")).loss_recovery == "query"
+    assert "loss_recovery" not in dataclasses.replace(cfg, loss_recovery="resend").to_toml()  # the default
+    with pytest.raises(ConfigError, match='"resend".*"query"'):
+        dataclasses.replace(cfg, loss_recovery="ask")
 
 
 def test_nan_raises_in_the_caller(make_job):

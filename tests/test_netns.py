@@ -127,7 +127,10 @@ def test_the_loss_bench_measures_a_lossy_run_against_a_lossless_one(capsys, tmp_
     plot = tmp_path / "loss.png"
     assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), plot=str(plot)) == 0
     out = capsys.readouterr().out
-    rows = re.findall(r"^ +2 +([\d.]+) +[\d.]+ +([\d.]+) +(\d+) +(\d+) +\S+ +(yes|NO)$", out, re.M)
-    assert [r[0] for r in rows] == ["0", "1"] and all(r[4] == "yes" for r in rows), out
-    assert rows[0][1] == "1.00" and rows[0][2] == "0" and int(rows[1][3]) > 0  # nftables really dropped packets
+    rows = re.findall(r"^ +2 +(resend|query) +([\d.]+) +[\d.]+ +([\d.]+) +(\d+) +(\d+) +(\d+) +\S+ +\S+ +(yes|NO)$",
+                      out, re.M)
+    assert [r[:2] for r in rows] == [("resend", "0"), ("resend", "1"), ("query", "0"), ("query", "1")], out
+    assert all(r[6] == "yes" for r in rows), out
+    for lossless, lossy in (rows[:2], rows[2:]):  # no resend without loss; nftables really dropped packets
+        assert lossless[2] == "1.00" and lossless[3] == "0" and int(lossy[5]) > 0
     assert plot.read_bytes()[:4] == b"\x89PNG"

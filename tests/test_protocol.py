@@ -16,6 +16,7 @@ from switchagg import codec, protocol
 from switchagg.errors import JobNotStarted, StallError
 from switchagg.protocol import MIN_PROBE, MIN_RESEND, Window, WindowState
 from switchagg.switch.model import SwitchModel
+from switchagg.wire import PacketType, unpack_header
 
 from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, reduce_all
 
@@ -264,7 +265,7 @@ def _one_worker_call(impl: str, n_chunks: int, *, started: bool = False, window:
 
     def send_and_answer(now: float, drop: Collection[int] = ()) -> None:
         """Everything due goes out; what is not dropped (by chunk id) comes back at ``now``."""
-        n = red.emit(rows)
+        n = red.emit(rows, np.zeros(len(rows), np.uint32))
         sums = [e.payload() for row in rows[:n] if int.from_bytes(row[8:12], "big") not in drop
                 for e in model.process(row.tobytes(), job.address(0))]
         red.receive_batch(b"".join(sums), (size * np.arange(len(sums))).astype(np.uint32),
@@ -372,11 +373,13 @@ def test_window_paces_a_slow_switch(impl):
         assert w.sent <= w.red.total + 4
 
 
-def test_a_peer_late_to_the_call_costs_a_few_resends_not_the_window(impl):
-    """Before its first result a call keeps its window, and resends one packet per silence (backing
-    off), not every packet whose timer ran out: the switch holds them all and waits for a peer that
-    has not reached this call yet, nothing was lost or congested."""
-    job = Job(n=2, slots=8, k=16)
+@pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
+def test_a_peer_late_to_the_call_costs_a_few_packets_not_the_window(impl, ask_first):
+    """Before its first result a call keeps its window, and resends (or asks about) one packet per
+    silence (backing off), not every packet whose timer ran out: the switch holds them all and waits
+    for a peer that has not reached this call yet, nothing was lost or congested. Asked, the switch
+    says so (the peer's bit is clear), which saves resending the data."""
+    job = Job(n=2, slots=8, k=16, ask_first=ask_first)
     xs = data(2, 16 * 40)
     net = SimNet(SwitchModel(16), impl=impl)
     net.model.add_job(job.entry())
@@ -384,12 +387,60 @@ def test_a_peer_late_to_the_call_costs_a_few_resends_not_the_window(impl):
     early.window.cwnd = 8.0
     net.start(early, xs[0])
     net.run(until=0.5)
-    assert 1 <= early.red.retransmissions <= 4 and early.window.cwnd == 8.0  # 8 timed out, in 0.5 s
+    sent_again = early.red.queries if ask_first else early.red.retransmissions
+    assert 1 <= sent_again <= 4 and early.window.cwnd == 8.0  # 8 timed out, in 0.5 s
+    assert early.red.retransmissions == 0 or not ask_first
     net.start(late, xs[1])
     net.run()
     assert early.red.done and late.red.done
     check_bound([early.out, late.out], xs, job)
     assert early.window.cwnd >= 8.0
+
+
+class OneDrop(SimNet):
+    """A lossless network that drops the first packet ``drops`` matches (its header)."""
+
+    def __init__(self, *args, drops, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.drops, self.dropped = drops, 0
+
+    def _transmit(self, imp: Impairment, dst, data: bytes, src) -> None:
+        if not self.dropped and self.drops(unpack_header(data), dst):
+            self.dropped = 1
+            return
+        super()._transmit(imp, dst, data, src)
+
+
+def _lose_one(impl: str, drops) -> tuple[list, SwitchModel]:
+    job = Job(n=3, slots=4, k=8, ask_first=True)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    net = OneDrop(model, seed=0, impl=impl, drops=drops)
+    ws = [net.add_worker(job, r) for r in range(3)]
+    xs = data(3, 8 * 12, dtype=np.int32)
+    for w, x in zip(ws, xs, strict=True):
+        net.start(w, x)
+    net.run()
+    assert net.dropped and all(w.red.done for w in ws)
+    assert all(np.array_equal(w.out, np.sum(xs, axis=0, dtype=np.int32)) for w in ws)
+    return [(w.red.retransmissions, w.red.queries) for w in ws], model
+
+
+def test_only_the_worker_whose_contribution_was_lost_resends_it(impl):
+    """Every worker misses the slot's result, but the switch's bitmap (a PENDING, asked with a QUERY)
+    tells the one whose contribution is missing: it alone resends data; the others wait."""
+    counts, model = _lose_one(impl, lambda h, dst: h.type == PacketType.CONTRIB and h.worker == 1 and h.chunk == 5)
+    assert [resent for resent, _ in counts] == [0, 1, 0]
+    assert all(queries >= 1 for _, queries in counts)
+    assert model.counters()["jobs"][1]["duplicate_pending"] == 0
+
+
+def test_a_lost_result_costs_its_worker_one_resend_and_the_others_nothing(impl):
+    """The bitmap of a finished sum has every bit: the worker resends, and the repeat gets the result.
+    (The others may ask about the slot's next chunk, which that worker sends late: it waited for the sum.)"""
+    counts, model = _lose_one(impl, lambda h, dst: h.type == PacketType.RESULT and dst[1] == 40002 and h.chunk == 5)
+    assert [resent for resent, _ in counts] == [0, 0, 1]
+    assert model.counters()["jobs"][1]["results_unicast"] == 1
 
 
 def test_spurious_timeout_is_undone():
@@ -405,12 +456,13 @@ def test_spurious_timeout_is_undone():
     assert win.cwnd == before
 
 
+@pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("seed", range(3))
-def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype):
+def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype, ask_first):
     """The C state machine is the Python one: under loss, duplication and reordering both ways,
     over calls of several sizes (windows and timers carried over), every packet is the same."""
-    job = Job(n=3, slots=5, k=8)
+    job = Job(n=3, slots=5, k=8, ask_first=ask_first)
     bad = Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006)
     sizes = [37, 1, 200, 8]
     xs = [data(3, size, seed=seed * 10 + i, dtype=dtype) for i, size in enumerate(sizes)]
@@ -420,7 +472,7 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype)
         model.add_job(job.entry())
         net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl)
         ws = [net.add_worker(job, r) for r in range(3)]
-        outs, resent = [], 0
+        outs, resent, asked = [], 0, 0
         for call in xs:
             for w, x in zip(ws, call, strict=True):
                 net.start(w, x)
@@ -428,14 +480,15 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype)
             assert all(w.error is None for w in ws)
             outs.append([w.out.copy() for w in ws])
             resent += sum(w.red.retransmissions for w in ws)
+            asked += sum(w.red.queries for w in ws)
         windows = [(w.window.cwnd, w.window.ssthresh, w.window.rto, w.window.srtt, w.window.losses) for w in ws]
-        runs[impl] = (net.sent_log, outs, windows, resent, net.now)
+        runs[impl] = (net.sent_log, outs, windows, resent, asked, net.now)
     python, native = runs["python"], runs["native"]
     assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
     for a, b in zip(python[1], native[1], strict=True):
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert python[2:] == native[2:]
-    assert python[3] > 0  # the impairments made it retransmit
+    assert python[3] > 0 and (python[4] > 0) == ask_first  # the impairments made it retransmit (and ask)
 
 
 def test_native_reduction_refuses_what_does_not_fit():
@@ -448,7 +501,9 @@ def test_native_reduction_refuses_what_does_not_fit():
     red = NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=3,
                           first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
     with pytest.raises(ValueError, match="rows"):
-        red.emit(np.empty((4, 24 + 4 * 7), np.uint8))  # rows too short for K = 8
+        red.emit(np.empty((4, 24 + 4 * 7), np.uint8), np.zeros(4, np.uint32))  # rows too short for K = 8
+    with pytest.raises(ValueError, match="uint32"):
+        red.emit(np.empty((4, 24 + 4 * 8), np.uint8), np.zeros(4, np.int64))
     with pytest.raises(ValueError, match="do not lie within"):
         red.receive_batch(bytes(10), np.array([0, 8], np.uint32), np.array([8, 8], np.uint32), 0.0)
     with pytest.raises(ValueError, match="fewer offsets"):

@@ -269,6 +269,53 @@ def test_probe_is_answered_with_the_generation_only_when_admitted(sw):
     assert jc(sw)["probes"] == 1 and sw.counters()["global"]["not_admitted"] == 1
 
 
+def query(worker, chunk, *, job_id=1, slot=0, copy=0, gen=9, key=KEY, **kw):
+    return make_header(PacketType.QUERY, job=job_id, worker=worker, slot=slot, copy=copy, chunk=chunk,
+                       generation=gen, key=key)._replace(**kw).pack()
+
+
+def pending(out):
+    """The bitmap a query's one answer carries (a PENDING's key)."""
+    (reply,) = out
+    h = unpack_header(reply.payload())
+    assert h.type == PacketType.PENDING and h.count == 0 and len(reply.payload()) == HEADER_SIZE
+    return reply.dst, h.key
+
+
+def test_a_query_is_answered_with_the_bitmap_of_the_chunk_and_changes_nothing(sw):
+    assert pending(sw.process(query(1, 5), src(1))) == (src(1), 0)  # an empty copy
+    sw.process(pkt(0, 5), src(0))
+    sw.process(pkt(2, 5), src(2))
+    before = sw.slot_state(1, 0)
+    assert pending(sw.process(query(1, 5), src(1))) == (src(1), 0b101)  # worker 1's is missing
+    assert pending(sw.process(query(0, 5), src(0))) == (src(0), 0b101)  # worker 0 waits for it
+    assert pending(sw.process(query(0, 6), src(0))) == (src(0), 0)  # a newer chunk: not held yet
+    assert sw.slot_state(1, 0) == before  # a query writes nothing, not even a newer chunk's tag
+    assert len(sw.process(pkt(1, 5), src(1))) == 3
+    assert pending(sw.process(query(2, 5), src(2))) == (src(2), 0b111)  # done: resend for the result
+    (h, _), = [decode(e) for e in sw.process(pkt(2, 5), src(2))]
+    assert h.type == PacketType.RESULT
+    assert jc(sw)["queries"] == 5 and jc(sw)["results_unicast"] == 1
+
+
+def test_a_query_on_a_copy_that_moved_on_is_stale_and_other_runs_are_not_answered(sw):
+    sw.process(pkt(0, 7), src(0))
+    assert sw.process(query(0, 6), src(0)) == []
+    assert pending(sw.process(query(0, 7, copy=1), src(0))) == (src(0), 0)  # the other copy is its own
+    assert sw.process(query(0, 7, gen=8), src(0)) == []
+    assert sw.process(query(0, 7, slot=4), src(0)) == []
+    assert sw.process(query(0, 7, key=1), src(0)) == []
+    c = jc(sw)
+    assert (c["stale"], c["queries"], c["wrong_generation"], c["slot_out_of_range"]) == (1, 1, 1, 1)
+    assert sw.counters()["global"]["not_admitted"] == 1
+
+
+def test_a_query_with_values_is_malformed(sw):
+    assert sw.process(query(0, 7, count=K) + bytes(4 * K), src(0)) == []
+    assert sw.process(query(0, 7, count=1), src(0)) == []  # a count its length does not hold
+    assert sw.counters()["global"]["malformed"] == 2 and jc(sw)["queries"] == 0
+
+
 def test_jobs_are_isolated_and_cannot_overlap(model):
     m = model(16)
     m.add_job(job(job_id=1, base=0, slots=4))
@@ -345,11 +392,13 @@ def random_traffic(rng, n_packets):
             data = pkt(worker, chunk, values, **{**kw, "gen": kw["gen"] + 1})  # another run
         elif roll < 0.12:
             data = make_header(PacketType.PROBE, job=j.job_id, worker=worker, key=KEY).pack()
-        elif roll < 0.15:
+        elif roll < 0.14:
+            data = query(worker, chunk, **{k: v for k, v in kw.items() if k != "exp"})
+        elif roll < 0.17:
             b = bytearray(data)
             b[rng.integers(HEADER_SIZE)] ^= 1 << int(rng.integers(8))  # a flipped header bit
             data = bytes(b)
-        elif roll < 0.17:  # a count whose 24 + 4 * count wraps around to the length in 16 bits
+        elif roll < 0.19:  # a count whose 24 + 4 * count wraps around to the length in 16 bits
             data = pkt(worker, chunk, values, **kw, count=(len(values) + 0x4000 * int(rng.integers(1, 4))) & 0xFFFF)
         yield data, source
 

@@ -58,5 +58,6 @@ def test_the_c_code_uses_this_header_layout():
     assert layout == _native.HEADER_LAYOUT
     assert _native.WIRE == {"HEADER_SIZE": HEADER_SIZE, "VERSION": wire.VERSION, "CONTRIB": PacketType.CONTRIB,
                              "RESULT": PacketType.RESULT, "PROBE": PacketType.PROBE,
-                             "PROBE_REPLY": PacketType.PROBE_REPLY, "FLAG_COPY": wire.FLAG_COPY,
+                             "PROBE_REPLY": PacketType.PROBE_REPLY,
+                             "QUERY": PacketType.QUERY, "PENDING": PacketType.PENDING, "FLAG_COPY": wire.FLAG_COPY,
                              "EXP_NONE": wire.EXP_NONE, "MAX_WORKERS": wire.MAX_WORKERS}

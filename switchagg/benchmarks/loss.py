@@ -5,17 +5,20 @@ nftables drops switchagg packets at random on every namespace's input (so a pack
 lossy hops: contribution into the switch, result into the worker) and duplicates 1% of what the
 workers send at the highest loss rate. Each worker allreduces int32 and float32 arrays of prime
 lengths (about 205k values of each, K = 64); the same job runs at every loss rate, and the bench
-prints per rate the time over the lossless time, the packets resent (in the timed calls, not
-the warm-up that waits for every rank to start) over those nftables dropped
-(its own counters), and whether every sum came out bit-exact (int32 against numpy, float32
-against the lossless run, on every rank). Needs root, ``ip`` and ``nft``; it makes its namespaces
-and addresses (10.81.0.0/24, inside them only) and removes them when done.
+prints per rate the time over the lossless time, the contributions resent and the QUERY packets
+sent (in the timed calls, not the warm-up that waits for every rank to start), each over the
+packets nftables dropped (its own counters), and whether every sum came out bit-exact (int32 against numpy, float32
+against the lossless run, on every rank), for each ``loss_recovery`` of the job (``resend``: every
+worker resends; ``query``: workers ask the switch first). Needs root, ``ip`` and ``nft``; it makes
+its namespaces and addresses (10.81.0.0/24, inside them only) and removes them when done.
 
 ``python -m switchagg.benchmarks.loss CONFIG RANK OUT`` is one worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import re
 import shutil
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +40,22 @@ PREFIX = "salb"
 SWITCH_IP = "10.81.0.254"
 RATES = (0.0, 0.1, 1.0, 5.0)  # percent, on each hop
 DUP = 1  # percent duplicated at the highest rate
+
+
+class Row(NamedTuple):
+    """One loss rate's run."""
+
+    recovery: str  # the job's loss_recovery
+    rate: float  # percent per hop
+    seconds: float  # the slowest rank's timed calls
+    slowdown: float  # over the lossless run's
+    resent: int  # contributions sent again, all ranks
+    asked: int  # QUERY packets, all ranks
+    dropped: int  # by nftables
+    exact: bool
+
+    def per_drop(self, what: int) -> str:
+        return f"{what / self.dropped:.2f}" if self.dropped else "-"
 
 
 def inputs(rank: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,14 +71,15 @@ def _worker(config: str, rank: int, out: str) -> None:
     results = {}
     with Client(cfg, rank, start_timeout=60, stall_timeout=30) as client:
         client.allreduce(np.zeros(64, np.int32))  # every rank is up: the timed part starts together
-        warmup = client.retransmissions  # resends while peers were still starting up: not the loss's
+        warmup = client.retransmissions, client.queries  # while peers were still starting up: not the loss's
         start = time.perf_counter()
         for length in PRIMES:
             f, i = inputs(rank, length)
             results[f"f{length}"] = client.allreduce(f)
             results[f"i{length}"] = client.allreduce(i)
         results["seconds"] = np.array(time.perf_counter() - start)
-        results["resent"] = np.array(client.retransmissions - warmup)
+        results["resent"] = np.array(client.retransmissions - warmup[0])
+        results["asked"] = np.array(client.queries - warmup[1])
     np.savez(out, **results)
 
 
@@ -167,49 +188,52 @@ def missing() -> str | None:
 
 
 def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[float, ...] = RATES,
-                   plot: str | None = None) -> int:
-    """The same job at every loss rate for each worker count; a line per rate, and a table at the end."""
+                   recoveries: tuple[str, ...] = ("resend", "query"), plot: str | None = None) -> int:
+    """The same job at every loss rate for each worker count and loss recovery; a line per rate, and a
+    table at the end."""
     problem = missing()
     if problem:
         raise SwitchAggError(problem)
     values = sum(PRIMES)
     print(f"loss bench: K=64, {values} float32 and {values} int32 values per worker, loss on every hop's input "
           f"(contribution and result), {DUP}% duplication at {max(rates):g}%")
-    table: dict[int, list[tuple[float, float, float, int, int, bool]]] = {}
+    table: dict[tuple[int, str], list[Row]] = {}
     try:
-        for n in worker_counts:
-            cfg = _topology(n)
+        for n, recovery in itertools.product(worker_counts, recoveries):
+            cfg = dataclasses.replace(_topology(n), loss_recovery=recovery)
             lossless: list[dict[str, np.ndarray]] | None = None
             base = 0.0
             for rate in rates:
                 _impair(n, rate, DUP if rate == max(rates) and rate else 0)
                 with tempfile.TemporaryDirectory() as tmp:
                     runs, seconds = _run(cfg, Path(tmp))
-                dropped, resent = _dropped(n), sum(int(r["resent"]) for r in runs)
                 if lossless is None:
                     lossless, base = runs, seconds
-                exact = _exact(runs, lossless, n)
-                table.setdefault(n, []).append((rate, seconds, seconds / base, resent, dropped, exact))
-                ratio = resent / dropped if dropped else float("nan")
-                print(f"{n} workers, {rate:g}% loss: {seconds:.2f} s ({seconds / base:.2f}x lossless), resent "
-                      f"{resent}, dropped {dropped} (resent/dropped {ratio:.2f}), "
-                      f"{'bit-exact' if exact else 'NOT EXACT'}", flush=True)
+                row = Row(recovery, rate, seconds, seconds / base, sum(int(r["resent"]) for r in runs),
+                          sum(int(r["asked"]) for r in runs), _dropped(n), _exact(runs, lossless, n))
+                table.setdefault((n, recovery), []).append(row)
+                print(f"{n} workers, {recovery}, {rate:g}% loss: {seconds:.2f} s ({row.slowdown:.2f}x lossless), "
+                      f"resent {row.resent}, asked {row.asked}, dropped {row.dropped} (resent/dropped "
+                      f"{row.per_drop(row.resent)}, asked/dropped {row.per_drop(row.asked)}), "
+                      f"{'bit-exact' if row.exact else 'NOT EXACT'}", flush=True)
     finally:
         _teardown()
-    print("workers  loss%  seconds  x_lossless  resent  dropped  resent/dropped  exact")
-    for n, rows in table.items():
-        for rate, seconds, slowdown, resent, dropped, exact in rows:
-            ratio = f"{resent / dropped:.2f}" if dropped else "-"
-            print(f"{n:>7}  {rate:>5g}  {seconds:>7.2f}  {slowdown:>10.2f}  {resent:>6}  {dropped:>7}  {ratio:>14}  "
-                  f"{'yes' if exact else 'NO'}")
-    print("slowdown_at_max_loss=" + " ".join(f"{n}w:{rows[-1][2]:.2f}" for n, rows in table.items()))
+    print("workers  recovery  loss%  seconds  x_lossless  resent  asked  dropped  resent/dropped  asked/dropped  "
+          "exact")
+    for (n, _), rows in table.items():
+        for r in rows:
+            print(f"{n:>7}  {r.recovery:>8}  {r.rate:>5g}  {r.seconds:>7.2f}  {r.slowdown:>10.2f}  {r.resent:>6}  "
+                  f"{r.asked:>5}  {r.dropped:>7}  {r.per_drop(r.resent):>14}  {r.per_drop(r.asked):>13}  "
+                  f"{'yes' if r.exact else 'NO'}")
+    print("slowdown_at_max_loss=" + " ".join(f"{n}w-{recovery}:{rows[-1].slowdown:.2f}"
+                                              for (n, recovery), rows in table.items()))
     if plot:
         _plot(plot, table)
         print(f"plot: {plot}", file=sys.stderr)
-    return 0 if all(r[5] for rows in table.values() for r in rows) else 1
+    return 0 if all(r.exact for rows in table.values() for r in rows) else 1
 
 
-def _plot(path: str, table: dict[int, list[tuple[float, float, float, int, int, bool]]]) -> None:
+def _plot(path: str, table: dict[tuple[int, str], list[Row]]) -> None:
     try:
         import matplotlib
 
@@ -218,8 +242,8 @@ def _plot(path: str, table: dict[int, list[tuple[float, float, float, int, int, 
     except ImportError:
         raise SwitchAggError("--plot needs matplotlib: pip install 'switchagg[bench]'") from None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for n, rows in table.items():
-        ax.plot([r[0] for r in rows], [r[2] for r in rows], "o-", label=f"{n} workers")
+    for (n, recovery), rows in table.items():
+        ax.plot([r.rate for r in rows], [r.slowdown for r in rows], "o-", label=f"{n} workers, {recovery}")
     ax.set(title="allreduce time under loss (K=64)", xlabel="loss per hop (%)", ylabel="time over lossless")
     ax.grid(alpha=0.3)
     ax.legend()

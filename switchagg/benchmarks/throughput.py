@@ -148,7 +148,7 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
         enc, dec = time.perf_counter() - t, 0.0
         while not red.done:
             t0 = time.perf_counter()
-            m = red.emit(rows)
+            m = red.emit(rows, lengths)
             t1 = time.perf_counter()
             rows[:m, 1] = PacketType.RESULT
             t2 = time.perf_counter()

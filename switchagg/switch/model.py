@@ -115,9 +115,9 @@ class SwitchModel:
         h = unpack_header(data)
         if h.version != VERSION:
             return self._drop(GlobalDrop.BAD_VERSION)
-        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE) or h.flags & ~FLAG_COPY
+        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY) or h.flags & ~FLAG_COPY
                 or h.reserved or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
-                or (h.type == PacketType.PROBE and h.count)):
+                or (h.type != PacketType.CONTRIB and h.count)):
             return self._drop(GlobalDrop.MALFORMED)
         job = self._admission.get((h.job, h.worker, src[0], src[1], h.key))
         if job is None:
@@ -132,6 +132,8 @@ class SwitchModel:
         if h.slot >= job.slot_count:
             counters[JobCounter.SLOT_OUT_OF_RANGE] += 1
             return []
+        if h.type == PacketType.QUERY:
+            return self._query(h, src, job, counters)
         if h.count != job.values_per_packet:
             counters[JobCounter.BAD_COUNT] += 1
             return []
@@ -147,19 +149,43 @@ class SwitchModel:
             return self._drop(got)
         return self.process(*got)
 
+    def _tag(self, i: int, h: Header) -> TagOutcome:
+        """Stage 1, tag: is the packet's chunk new to copy ``i``, the one it holds, or older?"""
+        stored = self.tag[i]
+        if stored >> 32 != h.generation or chunk_is_newer(h.chunk, stored & _U32):
+            return TagOutcome.NEW
+        return TagOutcome.SAME if stored & _U32 == h.chunk else TagOutcome.STALE
+
+    def _query(self, h: Header, src: Address, job: JobEntry, counters: list[int]) -> list[Emit]:
+        """A worker asks which workers the copy has counted for its chunk; nothing is written.
+
+        The answer, a PENDING unicast back, carries the copy's bitmap in its key field: with the
+        worker's own bit clear its contribution never arrived (it resends it); with every bit set the
+        sum is done (it resends too, and gets the stored RESULT); else a peer's is missing, and the
+        worker waits instead of resending data the switch would drop. A copy that does not hold the
+        chunk yet answers 0; one that moved on to a newer chunk drops the query as stale.
+        """
+        i = 2 * (job.slot_base + h.slot) + h.copy
+        outcome = self._tag(i, h)
+        if self.trace is not None:
+            self.trace.append("tag")
+        if outcome == TagOutcome.STALE:
+            counters[JobCounter.STALE] += 1
+            return []
+        bitmap = self.bitmap[i] if outcome == TagOutcome.SAME else 0
+        if self.trace is not None:
+            self.trace.append("bitmap")
+        counters[JobCounter.QUERIES] += 1
+        return [Emit(src, h._replace(type=PacketType.PENDING, key=bitmap), None)]
+
     def _aggregate(self, h: Header, values: np.ndarray, src: Address, job: JobEntry,
                    counters: list[int]) -> list[Emit]:
         i = 2 * (job.slot_base + h.slot) + h.copy
         trace = self.trace
         # Stage 1, tag: is this chunk new to the copy, the one it holds, or older?
-        stored = self.tag[i]
-        if stored >> 32 != h.generation or chunk_is_newer(h.chunk, stored & _U32):
-            outcome = TagOutcome.NEW
+        outcome = self._tag(i, h)
+        if outcome == TagOutcome.NEW:
             self.tag[i] = h.generation << 32 | h.chunk
-        elif stored & _U32 == h.chunk:
-            outcome = TagOutcome.SAME
-        else:
-            outcome = TagOutcome.STALE
         if trace is not None:
             trace.append("tag")
         if outcome == TagOutcome.STALE:
