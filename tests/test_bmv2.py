@@ -21,7 +21,7 @@ from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.targets import p4job
-from switchagg.wire import EXP_NONE, PacketType, make_header
+from switchagg.wire import EXP_NONE, PacketType, make_header, unpack_header
 
 from . import frames
 from .conftest import need
@@ -137,9 +137,29 @@ def contrib(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 
     return w.switch_port, h.pack() + vals.astype(">i4").tobytes(), w.address.tuple
 
 
+def query(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 0, copy: int = 0,
+          **override) -> tuple[int, bytes, tuple[str, int]]:
+    """A QUERY: which workers has the copy counted for ``chunk``? A header, no values."""
+    cfg = d.jobs[job_id]
+    w = cfg.workers[rank]
+    h = make_header(PacketType.QUERY, job=job_id, worker=rank, slot=slot, copy=copy, chunk=chunk,
+                    generation=d.generation(job_id), key=cfg.key)
+    return w.switch_port, h._replace(**override).pack(), w.address.tuple
+
+
 def send(d, packet) -> list:
     host, payload, src = packet
     return d.send(host, payload, src)
+
+
+def pending(out: list) -> int | None:
+    """The bitmap a PENDING answer carries (what both BMv2 and the model sent), None for no answer."""
+    if not out:
+        return None
+    (_, _, _, payload), = out
+    h = unpack_header(payload)
+    assert h.type == PacketType.PENDING and h.count == 0 and len(payload) == 24
+    return h.key
 
 
 @pytest.mark.parametrize("job_id", [2, 3, 1, 4])  # 2, 5 and 8 workers; 3 on 2 ports
@@ -242,6 +262,9 @@ def test_seeded_random_sequences_with_loss_duplication_reordering(diff, seed):
                 vals = [rng.randrange(-2**31, 2**31) for _ in range(K)]
                 exp = rng.choice([EXP_NONE, -20, 0, 5, 127])
                 p = contrib(diff, job, r, base + 4 * rnd + slot, slot=slot, copy=rnd % 2, values=vals, exponent=exp)
+                if rng.random() < 0.25:  # a query, for this chunk or a neighbour's, now and then
+                    packets.append(query(diff, job, r, base + 4 * rnd + slot + rng.choice([-4, 0, 0, 4]), slot=slot,
+                                         copy=rnd % 2))
                 if rng.random() < 0.15:
                     continue  # lost
                 packets.append(p)
@@ -308,15 +331,19 @@ def test_replies_to_a_wrong_ip_checksum_carry_a_right_one(diff):
 @pytest.mark.parametrize("seed", range(2))
 def test_seeded_fuzzed_headers_and_frames(diff, seed):
     """Flipped header bits, counts that wrap, truncations, trailers, IPv4 options, fragments and wrong
-    checksums among a job's contributions and probes."""
+    checksums among a job's contributions, probes and queries."""
     rng = random.Random(100 + seed)
     cfg = diff.jobs[2]
     for i in range(120):
         rank = rng.randrange(2)
-        if rng.random() < 0.1:
+        roll = rng.random()
+        if roll < 0.1:
             w = cfg.workers[rank]
             host, payload, src = w.switch_port, make_header(PacketType.PROBE, job=2, worker=rank, key=cfg.key).pack(), \
                 w.address.tuple
+        elif roll < 0.25:
+            host, payload, src = query(diff, 2, rank, 1000 + 10 * seed + i // 8 + rng.randrange(-1, 2), slot=i % 4,
+                                       copy=i // 4 % 2)
         else:
             host, payload, src = contrib(diff, 2, rank, 1000 + 10 * seed + i // 8, slot=i % 4, copy=i // 4 % 2,
                                          values=[rng.randrange(-2**31, 2**31) for _ in range(K)])
@@ -341,6 +368,72 @@ def test_seeded_fuzzed_headers_and_frames(diff, seed):
         elif roll < 0.3:
             frame = frames.rewrite_ip(frame, checksum=rng.randrange(0x10000))
         diff.send_frame(host, frame)
+    diff.check_counters()
+
+
+def test_a_query_is_answered_with_each_row_of_the_query_table(diff):
+    """docs/protocol.md section 5's QUERY table, row by row, on job 1 (8 workers) and job 4 (3, two on one
+    port); each PENDING goes back to the sender alone, and no query changes the copy."""
+    assert pending(send(diff, query(diff, 1, 3, 70, slot=4))) == 0  # EMPTY: power-up zeros
+    for rank in (0, 2, 5):
+        send(diff, contrib(diff, 1, rank, 70, slot=4))
+    assert pending(send(diff, query(diff, 1, 3, 70, slot=4))) == 0b100101  # PARTIAL: the bitmap
+    assert pending(send(diff, query(diff, 1, 0, 70, slot=4))) == 0b100101  # a counted worker asks too
+    assert pending(send(diff, query(diff, 1, 0, 70, slot=4, copy=1))) == 0  # the other copy is its own
+    assert pending(send(diff, query(diff, 1, 0, 71, slot=4))) == 0  # x newer than c: not arrived
+    assert pending(send(diff, query(diff, 1, 0, 70 + 0x7FFFFFFF, slot=4))) == 0  # newer, just
+    assert pending(send(diff, query(diff, 1, 0, 69, slot=4))) is None  # x older than c: stale
+    assert pending(send(diff, query(diff, 1, 0, 70 + 0x80000000, slot=4))) is None  # 2^31 apart: older
+    for rank in (1, 3, 4, 6):  # the newer chunk's query wrote no tag: these still count into chunk 70
+        assert send(diff, contrib(diff, 1, rank, 70, slot=4)) == []
+    assert pending(send(diff, query(diff, 1, 7, 70, slot=4))) == 0b1111111
+    assert len(send(diff, contrib(diff, 1, 7, 70, slot=4))) == 8
+    assert pending(send(diff, query(diff, 1, 2, 70, slot=4))) == 0xFF  # COMPLETE: every bit
+    assert len(send(diff, contrib(diff, 1, 2, 70, slot=4))) == 1  # and the repeat gets the stored RESULT
+    for rank, bitmap in ((0, 0), (1, 0), (2, 0)):  # job 4: ranks 0 and 1 share host 7's port
+        assert pending(send(diff, query(diff, 4, rank, 80, slot=1, copy=1))) == bitmap
+    send(diff, contrib(diff, 4, 1, 80, slot=1, copy=1))
+    assert [pending(send(diff, query(diff, 4, rank, 80, slot=1, copy=1))) for rank in range(3)] == [0b10] * 3
+    diff.check_counters()
+
+
+def test_a_query_in_another_run_wraps_around_and_its_drops(diff):
+    """A copy of the job's previous run reads as empty; chunk ids wrap; a query of another generation, a
+    slot the job lacks, or not admitted is dropped and counted, as the model does."""
+    send(diff, contrib(diff, 1, 0, 0xFFFFFFFF, slot=5))
+    assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5))) == 1
+    assert pending(send(diff, query(diff, 1, 1, 1, slot=5))) == 0  # newer across the wrap
+    assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFE, slot=5))) is None  # stale
+    old = diff.generation(1)
+    diff.reset(1)
+    assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5))) == 0  # the old run's state: empty
+    assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFE, slot=5))) == 0  # so nothing is stale either
+    assert send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5, generation=old)) == []  # wrong_generation
+    assert send(diff, query(diff, 1, 1, 5, slot=8)) == []  # slot_out_of_range (job 1 has 8)
+    assert send(diff, query(diff, 1, 1, 5, slot=0xFFFF)) == []
+    host, payload, src = query(diff, 1, 1, 5, slot=6)
+    assert send(diff, (FOREIGN, payload, (diff.bed.host_ip(FOREIGN), 40000))) == []  # not admitted
+    assert send(diff, (host, payload, (src[0], src[1] + 1))) == []
+    assert send(diff, query(diff, 1, 1, 5, slot=6, key=0xBAD)) == []
+    assert send(diff, query(diff, 1, 1, 5, slot=6, worker=2)) == []  # another rank's query from rank 1
+    diff.check_counters()
+
+
+def test_malformed_queries(diff):
+    """A query with values, with a count its length does not hold, or with a header fault is dropped before
+    admission; one in a frame with a trailer is answered, one in a frame cut short is not."""
+    host, payload, src = query(diff, 1, 2, 90, slot=6)
+    for count in (1, K):  # a query with values, of a count its length holds
+        values = query(diff, 1, 2, 90, slot=6, count=count)[1] + np.arange(count, dtype=">i4").tobytes()
+        assert send(diff, (host, values, src)) == []
+    assert send(diff, (host, payload + bytes(4), src)) == []  # a count of 0, 4 bytes more
+    assert send(diff, (host, payload[:20], src)) == []  # shorter than the header
+    for bad in ({"count": 1}, {"count": K}, {"count": 0x4000}, {"reserved": 1}, {"flags": 0x02}, {"worker": 32},
+                {"version": 2}, {"type": PacketType.PENDING}, {"type": 7}):  # counts its length does not hold, ...
+        assert send(diff, query(diff, 1, 2, 90, slot=6, **bad)) == []
+    assert pending(diff.send_frame(host, diff.frame(host, payload, src) + bytes(30))) == 0  # past the datagram
+    assert diff.send_frame(host, diff.frame(host, payload, src)[:-1]) == []  # the frame ends before it
+    assert diff.send_frame(host, frames.rewrite_ip(diff.frame(host, payload, src), checksum=0x0BAD)) != []
     diff.check_counters()
 
 

@@ -137,6 +137,28 @@ def test_one_counter_array_per_job_counter():
     assert arrays == [j.name.lower() for j in JobCounter]
 
 
+def p4_block(text: str, opening: str) -> str:
+    """The body of the block that ``opening`` (up to its ``{``) starts, to its matching ``}``."""
+    start = text.index(opening)
+    depth, i = 0, text.index("{", start)
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    raise AssertionError(f"{opening} is not closed")
+
+
+def test_v1model_a_query_writes_no_register():
+    """The query path (docs/protocol.md section 5): the tag as the tag stage reads it, then the workers
+    register read into the PENDING; no register written, no field of the contribution's path added to."""
+    text = (P4 / "v1model" / "aggregation.p4").read_text()
+    query = p4_block(text, "action read_tag()") + p4_block(text, "action pending_reply()")
+    assert re.findall(r"(\w+)\.read\(", query) == ["tag", "workers"]
+    assert ".write(" not in query
+    assert "read_tag();" in p4_block(text, "action tag_stage()")  # one test of freshness for both
+    assert "SA_QUERY_TO_PENDING" in query and "reply_to_sender();" in query
+
+
 def test_replica_instances_count_workers_before_on_the_same_port():
     cfg = loopback_job(5)
     ports = [3, 7, 3, 3, 7]
@@ -239,3 +261,4 @@ def test_tna_control_plane_names():
     main = (TNA / "main.p4").read_text()
     assert "Counter<bit<32>, bit<8>>(SA_NUM_GLOBAL_DROPS, CounterType_t.PACKETS) global_drops;" in main
     assert "(SA_MAX_JOBS * SA_JOB_COUNTER_STRIDE, CounterType_t.PACKETS) job_counters;" in main
+

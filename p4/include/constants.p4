@@ -12,10 +12,15 @@ const bit<8>  SA_TYPE_CONTRIB = 1;
 const bit<8>  SA_TYPE_RESULT = 2;
 const bit<8>  SA_TYPE_PROBE = 3;
 const bit<8>  SA_TYPE_PROBE_REPLY = 4;
+const bit<8>  SA_TYPE_QUERY = 5;
+const bit<8>  SA_TYPE_PENDING = 6;
 const bit<16> SA_HEADER_BYTES = 24;
 /* UDP and IPv4 lengths of a contribution of SA_VALUES values */
 const bit<16> SA_CONTRIB_UDP_BYTES = 8 + SA_HEADER_BYTES + 4 * SA_VALUES;
 const bit<16> SA_CONTRIB_IP_BYTES = 20 + SA_CONTRIB_UDP_BYTES;
+/* UDP and IPv4 lengths of a probe or a query: a header, no values */
+const bit<16> SA_HEADER_UDP_BYTES = 8 + SA_HEADER_BYTES;
+const bit<16> SA_HEADER_IP_BYTES = 20 + SA_HEADER_UDP_BYTES;
 const bit<8>  SA_FLAG_COPY = 0x01;
 
 /* What a switchagg packet is carried in */
@@ -30,9 +35,9 @@ const bit<32> SA_DROP_IP_OPTIONS = 3;
 const bit<32> SA_DROP_FRAGMENT = 4;
 #define SA_NUM_GLOBAL_DROPS 5
 
-/* Per-job events (JobCounter): what was done, then each reason for a drop. The v1model program
- * keeps one counter array per event, named after it; the TNA program one array whose index is
- * the job's index times SA_JOB_COUNTER_STRIDE plus the event. */
+/* Per-job events (JobCounter): what was done, each reason for a drop, then queries answered. The
+ * v1model program keeps one counter array per event, named after it; the TNA program one array whose
+ * index is the job's index times SA_JOB_COUNTER_STRIDE plus the event. */
 const bit<8>  SA_JOB_CONTRIBUTIONS = 0;
 const bit<8>  SA_JOB_RESULTS_MULTICAST = 1;
 const bit<8>  SA_JOB_RESULTS_UNICAST = 2;
@@ -42,7 +47,8 @@ const bit<8>  SA_JOB_SLOT_OUT_OF_RANGE = 5;
 const bit<8>  SA_JOB_BAD_COUNT = 6;
 const bit<8>  SA_JOB_STALE = 7;
 const bit<8>  SA_JOB_DUPLICATE_PENDING = 8;
-#define SA_NUM_JOB_COUNTERS 9
+const bit<8>  SA_JOB_QUERIES = 9;
+#define SA_NUM_JOB_COUNTERS 10
 #define SA_JOB_COUNTER_STRIDE 16
 
 /* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1, so

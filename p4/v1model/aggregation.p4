@@ -31,16 +31,20 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_bad_count;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_stale;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_duplicate_pending;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_queries;
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new
      * chunk changes the tag. Tag and packet both hold chunk ++ generation: with the generations
      * equal (the low halves), packet - tag is (chunk - held) << 32, so the serial-number test is one
-     * 64-bit comparison. */
-    action tag_stage() {
+     * 64-bit comparison. A query reads the tag and decides alike (read_tag), and writes nothing. */
+    action read_tag() {
         tag.read(hdr.local.tag, hdr.local.idx);
         hdr.local.fresh = (bit<64>)(bit<1>)((hdr.local.tag ^ hdr.sa.chunk_generation) & SA_GENERATION_BITS != 0
                                    || hdr.sa.chunk_generation - hdr.local.tag - 0x100000000 < 0x7fffffff00000000);
+    }
+    action tag_stage() {
+        read_tag();
         hdr.local.tag = hdr.local.tag ^ ((hdr.local.tag ^ hdr.sa.chunk_generation) & (0 - hdr.local.fresh));
         tag.write(hdr.local.idx, hdr.local.tag);
     }
@@ -129,6 +133,17 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         hdr.sa.chunk_generation = hdr.sa.chunk_generation & ~SA_GENERATION_BITS | hdr.local.job & SA_GENERATION_BITS;
         reply_to_sender();
     }
+    /* A query the copy is not stale for (docs/protocol.md section 5): a PENDING back to the sender,
+     * the same header but the type, with the copy's bitmap in the key where the copy holds the
+     * chunk, else (a fresh chunk: not arrived yet, or the copy empty) 0. It reads the workers
+     * register and writes nothing. */
+    action pending_reply() {
+        job_queries.count(hdr.sa.job);
+        workers.read(hdr.local.workers, hdr.local.idx);
+        hdr.sa.key = (bit<32>)(hdr.local.workers & (hdr.local.fresh - 1));
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_QUERY_TO_PENDING;
+        reply_to_sender();
+    }
     action drop_duplicate_pending() {
         job_duplicate_pending.count(hdr.sa.job);
         mark_to_drop(std);
@@ -168,8 +183,9 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     /* An admitted packet, with the same outcome as SwitchModel.process: the common case (a
      * contribution of K values of the current generation to a slot of the job) is tested first,
      * each outcome is decided as soon as the stages before it allow, and the drop reasons are told
-     * apart only off that path. A stale chunk stops after the tag stage, and sets no other field
-     * of hdr.local. */
+     * apart only off that path, as is a query (of the job's generation and slots: its checks are a
+     * contribution's but the count's), which reads the tag and the workers and writes nothing. A
+     * stale chunk stops after the tag stage, and sets no other field of hdr.local. */
     apply {
         if (hdr.vals.isValid() && (hdr.sa.chunk_generation ^ hdr.local.job) & SA_GENERATION_BITS == 0
                 && hdr.sa.slot < hdr.local.job[63:48]) {
@@ -204,6 +220,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             drop_wrong_generation();
         } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();
+        } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_QUERY << 16) {
+            read_tag();
+            if (hdr.local.fresh == 0 && hdr.sa.chunk_generation != hdr.local.tag) {  /* an older chunk */
+                drop_stale();
+            } else {
+                pending_reply();
+            }
         } else {
             drop_bad_count();
         }

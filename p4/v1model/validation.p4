@@ -1,7 +1,8 @@
 /* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
- * the parser found well formed (a probe, a contribution of another K, or a malformed packet), in
- * SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its switchagg
- * header, so that admission skips it; a probe or another K keeps it and goes on to admission. */
+ * the parser found well formed (a probe, a query, a contribution of another K, or a malformed
+ * packet), in SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its
+ * switchagg header, so that admission skips it; a probe, a query or another K keeps it and goes on to
+ * admission. */
 
 control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
     action drop() {
@@ -36,11 +37,13 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
         } else if ((bit<32>)hdr.outer.head[31:16]
                        != 8 + (bit<32>)SA_HEADER_BYTES + ((bit<32>)hdr.sa.reserved_count[15:0] << 2)  /* count */
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
-                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE)
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_QUERY)
                 || hdr.sa.version_type_flags_worker[15:8] & ~SA_FLAG_COPY != 0
                 || hdr.sa.reserved_count[23:16] != 0
                 || hdr.sa.version_type_flags_worker[7:0] >= SA_MAX_WORKERS
-                || (hdr.sa.version_type_flags_worker[23:16] == SA_TYPE_PROBE && hdr.sa.reserved_count[15:0] != 0)) {
+                /* a probe or a query with values */
+                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB && hdr.sa.reserved_count[15:0] != 0)) {
             drop_malformed();
         }
     }

@@ -61,10 +61,11 @@ header switchagg_packed_h {
 #define SA_WORKER_BITS     32w0x000000ff
 #define SA_GENERATION_BITS 64w0x00000000ffffffff
 
-/* What turns a contribution's type into a result's, and a probe's into a reply's, in place (xor on
- * version_type_flags_worker) */
+/* What turns a contribution's type into a result's, a probe's into a reply's and a query's into a
+ * PENDING, in place (xor on version_type_flags_worker) */
 const bit<32> SA_CONTRIB_TO_RESULT = (bit<32>)(SA_TYPE_CONTRIB ^ SA_TYPE_RESULT) << 16;
 const bit<32> SA_PROBE_TO_REPLY = (bit<32>)(SA_TYPE_PROBE ^ SA_TYPE_PROBE_REPLY) << 16;
+const bit<32> SA_QUERY_TO_PENDING = (bit<32>)(SA_TYPE_QUERY ^ SA_TYPE_PENDING) << 16;
 
 /* K = SA_VALUES int32 values (two's complement, summed modulo 2^32) as one field of 32 * SA_VALUES
  * bits: value j is bits [32K-1-32j : 32K-32-32j], which is the wire order. BMv2 pays per field and
