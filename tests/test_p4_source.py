@@ -262,3 +262,22 @@ def test_tna_control_plane_names():
     assert "Counter<bit<32>, bit<8>>(SA_NUM_GLOBAL_DROPS, CounterType_t.PACKETS) global_drops;" in main
     assert "(SA_MAX_JOBS * SA_JOB_COUNTER_STRIDE, CounterType_t.PACKETS) job_counters;" in main
 
+
+def test_tna_a_query_only_reads_the_first_half():
+    """A query's RegisterActions (aggregation.p4) write nothing, the second half runs none of them, and
+    its verdicts are tags no decision of the values matches (values.p4), so its op stays NONE."""
+    text = (TNA / "aggregation.p4").read_text()
+    for name in ("tag_generation_peek", "tag_chunk_peek", "workers_read"):
+        body = p4_block(text, f") {name} = {{")
+        assert not re.search(r"\bvalue\s*=(?!=)", body), name
+    apply = p4_block(text[text.index("control CopyState"):], "    apply {")
+    assert re.findall(r"!second_half && md\.tag == (\w+)\) \{\s*(\w+)\(\);", apply) == [
+        ("SA_TAG_PEEK", "peek_chunk"), ("SA_TAG_HELD", "read_workers")]
+    assert "(1, 0, _, 1): peek_generation();" in text and "(1, 0, _, 0): check_generation();" in text
+    types = (TNA / "include" / "types.p4").read_text()
+    tags = {n: int(v) for n, v in re.findall(r"const bit<8> (SA_TAG_\w+) = (\d+);", types)}
+    assert len(set(tags.values())) == len(tags) == 7
+    values = (TNA / "values.p4").read_text()
+    assert set(re.findall(r"\(0, _, (SA_TAG_\w+),", values)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}
+    exponent = p4_block(text, "table exponent_op {")
+    assert set(re.findall(r"\((SA_TAG_\w+),", exponent)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}

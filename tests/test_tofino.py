@@ -98,8 +98,11 @@ def test_deploy_status_reset_undeploy(switch):
     (group,) = [r for r in session.entries(tofino.PRE_MGID) if r.key["$MGID"] != tofino.FLOOD_GROUP]
     assert sorted(group.data["$MULTICAST_NODE_ID"]) == sorted(r.key["rid"] for r in replicas)
 
+    assert {session.counters[(tofino.JOB_COUNTERS, (group.key["$MGID"] - 1) * 16 + c)] for c in JobCounter} == {0}
     session.counters[(tofino.JOB_COUNTERS, (group.key["$MGID"] - 1) * 16 + JobCounter.STALE)] = 5
-    assert target.status(7).counters["stale"] == 5
+    session.counters[(tofino.JOB_COUNTERS, (group.key["$MGID"] - 1) * 16 + JobCounter.QUERIES)] = 3
+    counters = target.status(7).counters
+    assert (counters["stale"], counters["queries"]) == (5, 3)
 
     new = target.reset(7)
     assert new != generation and target.status(7).generation == new

@@ -34,6 +34,17 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             }
         }
     };
+    /* A query's (the first half's): the same test, nothing written. Another generation: the half does
+     * not hold the chunk; the job's: the chunk stage tells. */
+    RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_generation) tag_generation_peek = {
+        void apply(inout bit<32> value, out bit<8> tag) {
+            if (value != hdr.sa.generation) {
+                tag = SA_TAG_UNHELD;
+            } else {
+                tag = SA_TAG_PEEK;
+            }
+        }
+    };
 
     /* The chunk the half holds. A chunk newer in serial-number order (chunk - held, as a signed
      * 32-bit number, above 0: the sign of the wrapped difference, which the stateful ALU compares as
@@ -57,6 +68,19 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             }
         }
     };
+    /* A query's: the same comparison, nothing written. A newer chunk has not arrived (the half does
+     * not hold it); the same one is held; an older one is stale. */
+    RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_chunk) tag_chunk_peek = {
+        void apply(inout bit<32> value, out bit<8> tag) {
+            if ((int<32>)hdr.sa.chunk - (int<32>)value > 0) {
+                tag = SA_TAG_UNHELD;
+            } else if (value == hdr.sa.chunk) {
+                tag = SA_TAG_HELD;
+            } else {
+                tag = SA_TAG_STALE;
+            }
+        }
+    };
 
     /* The workers counted, one bit per rank. A fresh chunk starts the bitmap with the worker's bit
      * alone (nobody counted before); the chunk the half holds adds it, and returns the bitmap as it
@@ -73,15 +97,24 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             value = value | md.worker_bit;
         }
     };
+    /* A query's, where the half holds its chunk: the bitmap, as it is. */
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(workers) workers_read = {
+        void apply(inout bit<32> value, out bit<32> held) {
+            held = value;
+        }
+    };
 
     action check_generation() {
         md.new_generation = tag_generation_update.execute(SA_HALF_COPY_INDEX);
     }
+    action peek_generation() {
+        md.tag = tag_generation_peek.execute(SA_HALF_COPY_INDEX);
+    }
 
-    /* The first half's first stage: admission's verdict on a contribution of K values, in the model's
-     * order (not admitted; another generation than the job's; a slot the job does not have), as a
-     * table that runs the generation stage itself, so that the tag starts in the stage after
-     * admission. (The second pass was admitted in the first.) */
+    /* The first half's first stage: admission's verdict on a contribution of K values or a query, in
+     * the model's order (not admitted; another generation than the job's; a slot the job does not
+     * have), as a table that runs the generation stage itself (a query's reads it), so that the tag
+     * starts in the stage after admission. (The second pass was admitted in the first.) */
     action drop_not_admitted() {
         md.count_global = 1;
         md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
@@ -104,12 +137,16 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             md.admitted: ternary;
             md.generation_diff: ternary;
             md.slot_room: ternary;
+            md.query: ternary;
         }
-        actions = { check_generation; drop_not_admitted; wrong_generation; slot_out_of_range; }
+        actions = {
+            check_generation; peek_generation; drop_not_admitted; wrong_generation; slot_out_of_range;
+        }
         const entries = {
-            (0, _, _): drop_not_admitted();
-            (1, 0, 0): slot_out_of_range();
-            (1, 0, _): check_generation();
+            (0, _, _, _): drop_not_admitted();
+            (1, 0, 0, _): slot_out_of_range();
+            (1, 0, _, 0): check_generation();
+            (1, 0, _, 1): peek_generation();
         }
         const default_action = wrong_generation();
         size = 4;
@@ -128,9 +165,18 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     action add_worker() {
         md.workers_before = workers_add.execute(SA_HALF_COPY_INDEX);
     }
+    action peek_chunk() {
+        md.tag = tag_chunk_peek.execute(SA_HALF_COPY_INDEX);
+    }
+    action read_workers() {
+        md.workers_before = workers_read.execute(SA_HALF_COPY_INDEX);
+    }
 
     /* Tag, then workers: three stages. A stale chunk stops after the tag. md.new_generation is
-     * SA_NOT_CHECKED (the parser's) where the generation stage did not run. */
+     * SA_NOT_CHECKED (the parser's) where the generation stage did not run, as for a query, which
+     * runs the same three stages on the first half with the read-only actions, keeping its verdict in
+     * md.tag from the generation stage on (SA_TAG_PEEK, then SA_TAG_UNHELD, SA_TAG_HELD or
+     * SA_TAG_STALE), and reads the workers where the half holds its chunk. */
     apply {
         if (second_half) {
             check_generation();
@@ -141,11 +187,15 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             start_chunk();
         } else if (md.new_generation == 0) {
             compare_chunk();
+        } else if (!second_half && md.tag == SA_TAG_PEEK) {
+            peek_chunk();
         }
         if (md.tag == SA_TAG_FRESH) {
             start_workers();
         } else if (md.tag == SA_TAG_SAME) {
             add_worker();
+        } else if (!second_half && md.tag == SA_TAG_HELD) {
+            read_workers();
         }
     }
 }

@@ -7,7 +7,8 @@
  * read) and does it to the first half; it then recirculates the packet with what it decided. The
  * second pass does the same to the second half and to the exponent, and then counts the packet into
  * the sum, multicasts the finished sum or sends a stored one back. Everything else is decided in one
- * pass: probes, drops by reason, and ordinary L2 forwarding. */
+ * pass: probes, queries (which read the first half's tag and workers and answer with a PENDING),
+ * drops by reason, and ordinary L2 forwarding. */
 
 #include <core.p4>
 #if __TARGET_TOFINO__ == 2
@@ -101,6 +102,21 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         hdr.sa.generation = md.generation;
         reply_to(ig_intr_md.ingress_port);
     }
+    /* A query the first half is not stale for: a PENDING back to it, the same header but the type, with
+     * the half's workers in the key where it holds the chunk, else 0. */
+    action pending() {
+        job_event(SA_JOB_QUERIES);
+        hdr.sa.type = SA_TYPE_PENDING;
+        reply_to(ig_intr_md.ingress_port);
+    }
+    action pending_held() {
+        pending();
+        hdr.sa.key = md.workers_before;
+    }
+    action pending_unheld() {
+        pending();
+        hdr.sa.key = 0;
+    }
 
     /* The end of the first pass of a contribution that reached the values: round again through the
      * recirculation port of the job's pipe, to the second half. A new worker's contribution (or a
@@ -160,9 +176,11 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
             second_pass();
             second_half.apply(hdr, md, ig_dprsr_md);
             exponent.apply(hdr, md);
-        } else if (hdr.vals_tail.isValid() && hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES) {
+        } else if (hdr.vals_tail.isValid() && hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES
+                   || md.query == 1 && hdr.ipv4.total_len == SA_HEADER_IP_BYTES) {
             /* The common case: a contribution of K values, well formed (the parser checked the rest):
-             * admission's verdict, then the first half's tag and workers. */
+             * admission's verdict, then the first half's tag and workers. A well-formed query takes the
+             * same path (its checks are a contribution's but the count's) and only reads them. */
             first_half.apply(hdr, md, ig_dprsr_md);
             if (md.tag == SA_TAG_STALE) {
                 drop_job(SA_JOB_STALE);
@@ -209,6 +227,10 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
             recirculate();
         } else if (md.op != SA_OP_NONE) {
             counted_recirculate();
+        } else if (md.tag == SA_TAG_HELD) {  /* a query (its tags match no decision: op NONE) */
+            pending_held();
+        } else if (md.tag == SA_TAG_UNHELD) {
+            pending_unheld();
         }
 
         /* One access to each counter per pass */

@@ -16,6 +16,7 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
         md.count_job = 0;
         md.reply = 0;
         md.admitted = 0;
+        md.query = 0;
         transition select(ig_intr_md.ingress_port) {
             recirculation_ports: second_pass;
             default: first_pass;
@@ -42,11 +43,13 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
             default: accept;
         }
     }
-    /* To the switchagg port: a contribution of K values is SA_CONTRIB_UDP_BYTES long. */
+    /* To the switchagg port: a contribution of K values is SA_CONTRIB_UDP_BYTES long, a query (a header)
+     * SA_HEADER_UDP_BYTES. */
     state parse_udp {
         pkt.extract(hdr.udp);
         transition select(hdr.udp.dst_port, hdr.udp.length) {
             (SA_UDP_PORT, SA_CONTRIB_UDP_BYTES): parse_contribution;
+            (SA_UDP_PORT, SA_HEADER_UDP_BYTES): parse_query;
             (SA_UDP_PORT, _): parse_switchagg;
             default: accept;
         }
@@ -77,6 +80,30 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
             default: accept;
         }
     }
+    /* A well-formed query is told in the parser too, as a contribution is: version 1, QUERY, no flag but
+     * the copy, worker < 32; no reserved bits and a count of 0 (no values). It then takes the
+     * contribution's path through admission and the first half's tag and workers, which it only
+     * reads (main.p4). Any other header of this length (a probe among them) is validation's. */
+    state parse_query {
+        transition select(pkt.lookahead<bit<32>>()) {
+            (bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_QUERY << 16
+            &&& 32w0xffff0000 | (bit<32>)(~SA_FLAG_COPY) << 8 | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
+                parse_query_header;
+            default: parse_switchagg;
+        }
+    }
+    state parse_query_header {
+        pkt.extract(hdr.sa);
+        transition select(hdr.sa.reserved, hdr.sa.count) {
+            (0, 0): well_formed_query;
+            default: accept;
+        }
+    }
+    state well_formed_query {
+        md.query = 1;
+        transition accept;
+    }
+
     /* The first half is summed in this pass, the second carried to the next. A frame that ends before
      * the datagram does leaves vals_tail invalid (and the parser error set): malformed. */
     state parse_values {
@@ -101,8 +128,8 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
     }
 }
 
-/* A reply to the sender (probe_reply, result_to_sender) gets its IPv4 checksum here, worked out
- * afresh from the header as it leaves (incoming checksums are not verified, docs/protocol.md
+/* A reply to the sender (probe_reply, result_to_sender, a query's PENDING) gets its IPv4 checksum
+ * here, worked out afresh from the header as it leaves (incoming checksums are not verified, docs/protocol.md
  * section 1); every other packet keeps the one it has. */
 control SaIngressDeparser(packet_out pkt, inout sa_headers_t hdr, in sa_ingress_metadata_t md,
                           in ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md) {

@@ -1,5 +1,5 @@
-/* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
- * the parser found well formed (a probe, a contribution of another K, or a malformed packet), in
+/* Validation: the checks on a packet to the switchagg port that is not a contribution of K values or
+ * a query the parser found well formed (a probe, a contribution of another K, or a malformed packet), in
  * SwitchModel.process_frame's order: the datagram's lengths first (IPv4 against UDP, the header
  * within them), then the header's version, then its other fields. md.count_global is set for a packet
  * that fails; one that passes goes on to admission's verdict (main.p4).
@@ -11,10 +11,10 @@
  * malformed first.
  *
  * Tofino's ingress does not know a frame's length, so one check of v1model's is left to the parser:
- * a frame that ends before its datagram does. The parser reads a contribution of K values and a
- * probe to their last byte, so a frame cut short of them is malformed here as on BMv2 (the parser
- * error); a datagram of another length is not read to its end, and a frame cut short of it is
- * counted by the header's other faults instead (docs/tofino.md). */
+ * a frame that ends before its datagram does. The parser reads a contribution of K values, a
+ * probe and a query to their last byte, so a frame cut short of them is malformed here as on BMv2
+ * (the parser error); a datagram of another length is not read to its end, and a frame cut short of
+ * it is counted by the header's other faults instead (docs/tofino.md). */
 
 control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
                    in ingress_intrinsic_metadata_from_parser_t ig_prsr_md) {
@@ -41,7 +41,9 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
      * latter of no values), no flag but the copy, worker < 32, no reserved bits, the IPv4 length 20
      * more than the UDP length, and the UDP length 32 + 4 * count (a count under 16384, see above).
      * With the lengths right, any other version 1 header is malformed, and any other version
-     * bad_version; with them wrong, malformed (the default). */
+     * bad_version; with them wrong, malformed (the default). A QUERY is malformed here too: a
+     * well-formed one took the contribution's path (main.p4), so this one has values, reserved bits,
+     * a flag, a worker or an IPv4 length that is wrong. */
     action well_formed() { }
 
     table checks {

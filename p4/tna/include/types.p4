@@ -66,6 +66,11 @@ const bit<8> SA_TAG_STALE = 0;  /* older than the chunk the half holds */
 const bit<8> SA_TAG_FRESH = 1;  /* new to the half: another generation, or a newer chunk */
 const bit<8> SA_TAG_SAME = 2;   /* the chunk the half holds */
 const bit<8> SA_TAG_NONE = 3;   /* not compared (the parser's) */
+/* A query's, which writes nothing (and matches no entry of the values' decision: op NONE); stale as
+ * above. */
+const bit<8> SA_TAG_PEEK = 4;    /* the generation stage found the job's: the chunk stage decides */
+const bit<8> SA_TAG_UNHELD = 5;  /* the half does not hold the chunk: another generation, or an older chunk */
+const bit<8> SA_TAG_HELD = 6;    /* the half holds the chunk: its workers are the answer */
 const bit<8> SA_NOT_CHECKED = 2;  /* md.new_generation where the generation stage did not run */
 
 struct sa_headers_t {
@@ -89,6 +94,7 @@ struct sa_ingress_metadata_t {
                                     * value tables key on it, not on op, which one of them writes) */
     bit<16>       cell;            /* slot_base + slot */
     bit<16>       job_index;       /* the job's index among the installed jobs, below SA_MAX_JOBS */
+    bit<1>        query;           /* a well-formed query (the parser's verdict, but the IPv4 length) */
     /* admission */
     bit<1>        admitted;
     bit<32>       generation;      /* the job's */
@@ -100,7 +106,7 @@ struct sa_ingress_metadata_t {
     PortId_t      recirc_port;     /* the recirculation port of the job's pipe */
     /* aggregation: the state of this pass's half of the copy */
     bit<8>        new_generation;  /* tag stage, generation: 1 if the half held another run's state */
-    bit<8>        tag;             /* tag stage, chunk: SA_TAG_* */
+    bit<8>        tag;             /* tag stage, chunk (a query's, from the generation on): SA_TAG_* */
     bit<32>       workers_before;  /* workers stage: the half's workers before this packet */
     bit<32>       workers_missing; /* the job's workers the copy lacks with this packet's: 0 when complete */
     /* validation of a packet to the switchagg port that is not a contribution of K values */
