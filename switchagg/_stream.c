@@ -352,6 +352,12 @@ static void unlist(Stream *s, Py_ssize_t t) {
 enum { LOST, PROBE, TIMEOUT };
 enum { SENT, ASKED, WAITING };
 
+/* Reduction._resend_wait: how long a packet sent (or asked about) `retries` times again waits. */
+static double resend_wait(const Stream *s, long retries) {
+    long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
+    return dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff));
+}
+
 /* Reduction._send: entry t's contribution (SENT) or a QUERY about it (ASKED), `retries` times again. */
 static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state) {
     if (s->out_head + s->out_len == s->out_cap) {
@@ -376,14 +382,7 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
     s->last_send[t] = now;
     s->order[t] = s->n_sends++;
     s->retries[t] = retries;
-    double wait;  /* Reduction._send */
-    if (retries && s->started) {
-        long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
-        wait = dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff));
-    } else {
-        wait = win_timeout_for(&s->w, retries);
-    }
-    timer_set(s, t, now + wait);
+    timer_set(s, t, now + (retries && s->started ? resend_wait(s, retries) : win_timeout_for(&s->w, retries)));
     list_insert(&s->sends, t, s->sends.tail);
     return 0;
 }
@@ -490,7 +489,7 @@ static PyObject *Stream_emit(Stream *s, PyObject *args) {
 /* ---- receiving (Reduction.receive, and the client's checks before it) -------------------------- */
 
 /* A PENDING, the answer to a QUERY (Reduction.receive_pending): the contribution goes again when this
- * worker's bit is clear or every bit is set; else a peer's is missing and t waits, on its timer alone.
+ * worker's bit is clear or every bit is set; else a peer's is missing and t waits as if sent now.
  * Returns 0, or -1 when out of memory. */
 static int receive_pending(Stream *s, const unsigned char *p, double now) {
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
@@ -507,11 +506,10 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     }
     /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
     s->state[t] = WAITING;
-    long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
     unlist(s, t);
     s->last_send[t] = now;
     s->order[t] = s->n_sends++;
-    timer_set(s, t, now + dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff)));
+    timer_set(s, t, now + resend_wait(s, retries));
     list_insert(&s->sends, t, s->sends.tail);
     return 0;
 }

@@ -420,6 +420,16 @@ class Reduction:
         del self.outbox[:n]
         return n
 
+    def _resend_wait(self, retries: int) -> float:
+        """How long a packet sent (or asked about) ``retries`` times again waits for its result.
+
+        About as long as those before it took: only the few packets resent are resent again when
+        that runs out, never a window. Once the call has results, the backoff is bounded, so that a
+        packet lost twice does not wait a second on a live job.
+        """
+        backoff = min(retries - 1, BACKOFF_CAP) if self.n_done else retries - 1
+        return min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
+
     def _send(self, t: int, now: float, retries: int, state: int = SENT) -> None:
         """Send entry ``t``'s contribution (SENT), or a QUERY about it (ASKED), the ``retries``-th time again."""
         self.outbox.append(self._query(t) if state == ASKED else self._packet(t))
@@ -428,14 +438,8 @@ class Reduction:
             resent = now if retries == 1 else resent  # its first resend (or query)
         else:
             first = resent = now
-        if retries and self.started:
-            # A resent packet waits about as long as those before it took: only the few packets resent
-            # are resent again when that runs out, never a window. Once the call has results, the
-            # backoff is bounded, so that a packet lost twice does not wait a second on a live job.
-            backoff = min(retries - 1, BACKOFF_CAP) if self.n_done else retries - 1
-            wait = min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
-        else:  # the RTO; with full backoff while the job has not answered yet (peers may still be starting)
-            wait = self.window.timeout_for(retries)
+        # else the RTO, with full backoff while the job has not answered yet (peers may still be starting)
+        wait = self._resend_wait(retries) if retries and self.started else self.window.timeout_for(retries)
         # at the end: the dict is in order of last send
         self._outstanding[t] = [now, retries, first, self._sends, now + wait, resent, state]
         self._sends += 1
@@ -477,7 +481,8 @@ class Reduction:
         With this worker's bit clear its contribution was lost, and with every bit set the result
         was: either way the contribution goes again (a repeat of a finished sum is answered with
         it). Otherwise a peer's contribution is missing, which that peer's own query tells it: this
-        worker sends nothing and waits, on the resend timer alone (RACK leaves it be), for the result.
+        worker sends nothing and waits for the result as if its packet had left now (RACK and the
+        resend timer watch it from here, and ask again when either runs out).
         """
         t = (h.chunk - self.first_id) & _U32
         entry = self._outstanding.get(t)
@@ -491,9 +496,7 @@ class Reduction:
         # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
         # (RACK), and the timer backs that up.
         del self._outstanding[t]
-        backoff = min(entry[1] - 1, BACKOFF_CAP) if self.n_done else entry[1] - 1
-        entry[0], entry[3], entry[6] = now, self._sends, WAITING
-        entry[4] = now + min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
+        entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + self._resend_wait(entry[1]), WAITING
         self._outstanding[t] = entry
         self._sends += 1
         heapq.heappush(self._timers, (entry[4], t))
