@@ -27,11 +27,12 @@
 /* protocol's constants (a test holds them to protocol.py: _native.PROTOCOL) */
 #define LOSS_SHARE (1.0 / 8)
 #define QUEUE_LIMIT 0.032
-#define LOSS_QUEUE 0.0015
+#define LOSS_QUEUE 0.0004
 #define DELAY_SAMPLES 4
 #define DELAY_BETA 0.8
 #define BACKOFF_CAP 3
 #define MIN_RESEND 0.002
+#define TAIL_RTTS 4
 #define RESEND_DEVIATIONS 3
 #define MIN_PROBE 0.01
 #define MIN_PROBE_LOSSY 0.003
@@ -238,6 +239,11 @@ static double resend_timeout(const Win *w) {
     return dmax(floor, w->resend_wait + RESEND_DEVIATIONS * w->resend_dev);
 }
 
+/* Window.tail_timeout */
+static double tail_timeout(const Win *w) {
+    return dmax(MIN_RESEND, TAIL_RTTS * w->min_rtt);
+}
+
 static void win_undo(Win *w) {
     w->cwnd = dmax(w->cwnd, w->cwnd_before_loss);
     w->ssthresh = dmax(w->ssthresh, w->cwnd_before_loss);
@@ -355,7 +361,10 @@ enum { SENT, ASKED, WAITING };
 /* Reduction._resend_wait: how long a packet sent (or asked about) `retries` times again waits. */
 static double resend_wait(const Stream *s, long retries) {
     long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
-    return dmin(s->w.max_rto, resend_timeout(&s->w) * ldexp(1.0, (int)backoff));
+    double wait = resend_timeout(&s->w);
+    if (s->n_in_flight <= EARLY_PROBE)  /* the call's tail: the queue it learned from has drained */
+        wait = dmin(wait, tail_timeout(&s->w));
+    return dmin(s->w.max_rto, wait * ldexp(1.0, (int)backoff));
 }
 
 /* Reduction._send: entry t's contribution (SENT) or a QUERY about it (ASKED), `retries` times again. */
@@ -933,12 +942,12 @@ int sa_add_stream_type(PyObject *module) {
                                    "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
-    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
                                        "LOSS_QUEUE", LOSS_QUEUE,
                                        "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
                                        BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
                                        "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY,
-                                       "EARLY_PROBE", EARLY_PROBE);
+                                       "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS);
     int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0
              && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0

@@ -80,11 +80,12 @@ class Payloads(Protocol):
 
 LOSS_SHARE = 1 / 8  # packets sent once whose timers ran out within a round trip, as a share of the window: congestion
 QUEUE_LIMIT = 0.032  # s: the most queueing (round trip over the shortest ever seen) the window stands
-LOSS_QUEUE = 0.0015  # s: on a lossy path, the queueing it stands times the share of packets lost
+LOSS_QUEUE = 0.0004  # s: on a lossy path, the queueing it stands times the share of packets lost
 DELAY_SAMPLES = 4  # results, at least, whose shortest round trip judges the queue
 DELAY_BETA = 0.8  # the window backs off by this share of the round trip queued beyond what it stands
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
 MIN_RESEND = 0.002  # s: the least a resent packet waits for its result (Window.resend_timeout)
+TAIL_RTTS = 4  # shortest round trips, the most a packet resent at a call's tail waits (Window.tail_timeout)
 RESEND_DEVIATIONS = 3  # a resent packet waits the smoothed wait of those before it and this many deviations
 MIN_PROBE = 0.01  # s: the shortest silence after which a call probes (Window.probe_timeout)
 MIN_PROBE_LOSSY = 0.003  # s: the same on a path that lost packets in the last round trip judged
@@ -261,6 +262,14 @@ class Window:
         return max(floor, self.resend_wait + RESEND_DEVIATIONS * self.resend_dev)
 
     @property
+    def tail_timeout(self) -> float:
+        """The most a packet resent with at most :data:`EARLY_PROBE` packets out waits (before backoff):
+        :data:`TAIL_RTTS` shortest round trips, at least :data:`MIN_RESEND`. :attr:`resend_timeout`
+        learns its waits behind a window's queue, and at a call's tail that queue has drained: there
+        a wait as long (tens of ms with backoff) held every peer's next call up too."""
+        return max(MIN_RESEND, TAIL_RTTS * self.min_rtt)
+
+    @property
     def reorder_window(self) -> float:
         """How much later than expected a packet's result may come, after a later packet's, before it
         counts as lost: a quarter of the shortest round trip (RACK)."""
@@ -425,21 +434,26 @@ class Reduction:
 
         About as long as those before it took: only the few packets resent are resent again when
         that runs out, never a window. Once the call has results, the backoff is bounded, so that a
-        packet lost twice does not wait a second on a live job.
+        packet lost twice does not wait a second on a live job. At the call's tail (at most
+        :data:`EARLY_PROBE` packets out, this one among them) it waits no longer than
+        :attr:`Window.tail_timeout`.
         """
         backoff = min(retries - 1, BACKOFF_CAP) if self.n_done else retries - 1
-        return min(self.window.max_rto, self.window.resend_timeout * 2.0 ** backoff)
+        wait = self.window.resend_timeout
+        if len(self._outstanding) <= EARLY_PROBE:
+            wait = min(wait, self.window.tail_timeout)
+        return min(self.window.max_rto, wait * 2.0 ** backoff)
 
     def _send(self, t: int, now: float, retries: int, state: int = SENT) -> None:
         """Send entry ``t``'s contribution (SENT), or a QUERY about it (ASKED), the ``retries``-th time again."""
         self.outbox.append(self._query(t) if state == ASKED else self._packet(t))
+        # else the RTO, with full backoff while the job has not answered yet (peers may still be starting)
+        wait = self._resend_wait(retries) if retries and self.started else self.window.timeout_for(retries)
         if retries:
             _, _, first, _, _, resent, _ = self._outstanding.pop(t)
             resent = now if retries == 1 else resent  # its first resend (or query)
         else:
             first = resent = now
-        # else the RTO, with full backoff while the job has not answered yet (peers may still be starting)
-        wait = self._resend_wait(retries) if retries and self.started else self.window.timeout_for(retries)
         # at the end: the dict is in order of last send
         self._outstanding[t] = [now, retries, first, self._sends, now + wait, resent, state]
         self._sends += 1
@@ -495,8 +509,9 @@ class Reduction:
             return
         # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
         # (RACK), and the timer backs that up.
+        wait = self._resend_wait(entry[1])
         del self._outstanding[t]
-        entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + self._resend_wait(entry[1]), WAITING
+        entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + wait, WAITING
         self._outstanding[t] = entry
         self._sends += 1
         heapq.heappush(self._timers, (entry[4], t))

@@ -14,7 +14,7 @@ import pytest
 
 from switchagg import codec, protocol
 from switchagg.errors import JobNotStarted, StallError
-from switchagg.protocol import MIN_PROBE, MIN_RESEND, Window, WindowState
+from switchagg.protocol import MIN_PROBE, MIN_RESEND, TAIL_RTTS, Window, WindowState
 from switchagg.switch.model import SwitchModel
 from switchagg.wire import PacketType, unpack_header
 
@@ -315,6 +315,28 @@ def test_a_lost_last_packet_is_probed_before_its_timeout(impl):
     red.tick(again)
     send_and_answer(again + 0.010)
     assert red.done and red.retransmissions == 2
+
+
+def test_at_a_calls_tail_a_resent_packet_waits_a_few_round_trips_not_what_a_queue_taught(impl):
+    """resend_timeout learns its waits behind a window's queue (tens of ms on a busy host); at a call's
+    tail, with at most EARLY_PROBE packets out, that queue has drained, so a resent packet goes again
+    after at most TAIL_RTTS shortest round trips (at least MIN_RESEND), doubling from there."""
+    window = Window(8, initial=2)
+    window.on_result(0.001, 0.0)  # the shortest round trip: 1 ms
+    for _ in range(40):
+        window.on_resend_result(0.030)  # resent packets came back in 30 ms, behind a queue
+    assert window.resend_timeout >= 0.030 and window.tail_timeout == max(MIN_RESEND, TAIL_RTTS * 0.001)
+    red, send_and_answer = _one_worker_call(impl, 2, started=True, window=window)
+    send_and_answer(0.001, drop={1})  # the last chunk lost
+    probe = red.next_deadline()
+    red.tick(probe)  # probed: resent once
+    send_and_answer(probe, drop={1})  # and lost again
+    again = red.next_deadline()
+    assert again == pytest.approx(probe + window.tail_timeout)
+    red.tick(again)
+    send_and_answer(again, drop={1})  # lost a third time: the wait doubles
+    assert red.next_deadline() == pytest.approx(again + 2 * window.tail_timeout)
+    assert red.retransmissions == 2 and not red.done
 
 
 def test_after_a_silence_resent_packets_do_not_wait_out_their_backoff(impl):
