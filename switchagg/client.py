@@ -218,7 +218,7 @@ class Client:
             self._probe(self.start_timeout)
         cfg = self.config
         params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
-                              cfg.slot_count, cfg.values_per_packet, cfg.loss_recovery == "query")
+                              cfg.slot_count, cfg.values_per_packet, cfg.asks_first)
         now = time.monotonic()
         kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
         red = kind(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,

@@ -12,7 +12,7 @@ Example (``docs/protocol.md`` explains the fields)::
     slot_base = 0                 # this job's slots on the switch: [base, base + count)
     slot_count = 1024             # optional: wire.default_slot_count(K), 1024 for K = 64
     values_per_packet = 64        # K; 64 is what the P4 program sums
-    # loss_recovery = "query"     # "resend" (default) or "query": see LOSS_RECOVERY
+    # loss_recovery = "query"     # "auto" (default), "resend" or "query": see LOSS_RECOVERY
     # generation = 7              # omit to learn it from the switch at start
 
     [[workers]]                   # rank 0, then rank 1, ...
@@ -30,8 +30,14 @@ from typing import Any
 from .errors import ConfigError
 from .wire import MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 
+# "auto" asks first from this many workers on: where every worker resends, a lost contribution
+# costs all n a resend, (n + 1) / 2 per packet lost with lost results, more than 3 from 6 workers on
+QUERY_FROM_WORKERS = 6
+
 # How workers recover a chunk whose result did not come (docs/protocol.md, section 4):
 LOSS_RECOVERY = {
+    # "resend" for up to QUERY_FROM_WORKERS - 1 workers, "query" from that many on
+    "auto": f"resend with up to {QUERY_FROM_WORKERS - 1} workers, ask the switch first with more",
     # every worker resends its contribution at once: the fastest, at (n + 1) / 2 resends per packet lost
     "resend": "every worker resends its contribution",
     # each asks the switch first (a QUERY) and only a worker it misses resends: about one resend per
@@ -90,7 +96,7 @@ class JobConfig:
     workers: tuple[WorkerSpec, ...]
     generation: int | None = None
     control: Endpoint | None = None
-    loss_recovery: str = "resend"
+    loss_recovery: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -159,7 +165,7 @@ class JobConfig:
             slot_count=job.get("slot_count", default_slot_count(k)),
             values_per_packet=k,
             generation=job.get("generation"),
-            loss_recovery=job.get("loss_recovery", "resend"),
+            loss_recovery=job.get("loss_recovery", "auto"),
             workers=tuple(
                 WorkerSpec(
                     address=Endpoint.parse(_get(w, "address", f"workers[{i}]"), f"workers[{i}].address"),
@@ -171,6 +177,14 @@ class JobConfig:
             extra=extra,
         )
 
+    @property
+    def asks_first(self) -> bool:
+        """Whether a worker sends a QUERY before it resends a contribution (``loss_recovery``, with
+        ``"auto"`` settled by the number of workers)."""
+        if self.loss_recovery == "auto":
+            return self.n_workers >= QUERY_FROM_WORKERS
+        return self.loss_recovery == "query"
+
     def to_toml(self) -> str:
         """The config as TOML text that :meth:`from_file` reads back unchanged."""
         lines = ["[switch]", f'address = "{self.switch}"']
@@ -181,7 +195,7 @@ class JobConfig:
                   f"values_per_packet = {self.values_per_packet}"]
         if self.generation is not None:
             lines.append(f"generation = {self.generation}")
-        if self.loss_recovery != "resend":
+        if self.loss_recovery != "auto":
             lines.append(f'loss_recovery = "{self.loss_recovery}"')
         for w in self.workers:
             lines += ["", "[[workers]]", f'address = "{w.address}"']

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from switchagg import Client, ConfigError, JobConfig, JobNotStarted, QuantizationError, SoftSwitch, StallError
+from switchagg.config import Endpoint, WorkerSpec
 from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
 from switchagg.wire import PacketType, make_header, unpack_header
 
@@ -334,9 +335,23 @@ def test_probe_reports_generation_and_checks_config(make_job, soft_switch):
 def test_loss_recovery_is_read_written_and_checked(make_job, tmp_path):
     cfg = dataclasses.replace(make_job(2), loss_recovery="query")
     assert JobConfig.from_file(cfg.write(tmp_path / "job.toml")).loss_recovery == "query"
-    assert "loss_recovery" not in dataclasses.replace(cfg, loss_recovery="resend").to_toml()  # the default
-    with pytest.raises(ConfigError, match='"resend".*"query"'):
+    auto = dataclasses.replace(cfg, loss_recovery="auto")
+    assert "loss_recovery" not in auto.to_toml()  # the default
+    assert JobConfig.from_file(auto.write(tmp_path / "auto.toml")).loss_recovery == "auto"
+    with pytest.raises(ConfigError, match='"auto".*"resend".*"query"'):
         dataclasses.replace(cfg, loss_recovery="ask")
+
+
+def test_auto_loss_recovery_asks_first_where_every_worker_resending_would_cost_more_than_three_per_loss(
+        make_job):
+    """Every worker resending costs (n + 1) / 2 resends per packet lost: up to 3 with 5 workers."""
+    two = make_job(2)
+    assert two.loss_recovery == "auto" and not two.asks_first
+    five, six = (dataclasses.replace(two, workers=tuple(WorkerSpec(Endpoint("127.0.0.1", 40000 + r)) for r in range(n)))
+                 for n in (5, 6))
+    assert not five.asks_first and six.asks_first
+    assert not dataclasses.replace(six, loss_recovery="resend").asks_first
+    assert dataclasses.replace(two, loss_recovery="query").asks_first
 
 
 def test_nan_raises_in_the_caller(make_job):
