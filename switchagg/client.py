@@ -35,6 +35,7 @@ from .wire import (
 
 _U32 = 0xFFFFFFFF
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
+_ASK_WAIT = 0.15  # s: how long a stalled call waits for the switch's answers to its QUERYs, twice
 
 
 def payloads_of(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
@@ -248,11 +249,12 @@ class Client:
             self.queries += red.queries
 
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
-        """Which workers the stuck slots still wait for, when the switch can tell us."""
+        """Which workers the stuck slots still wait for: from the switch's control port where the
+        config names one (the embedded switch), else from the switch's answers to a QUERY."""
         cfg = self.config
-        if cfg.control is None:
-            return " (give the switch a control port to see which workers are missing)"
         pending = red.pending()[:4]
+        if cfg.control is None:
+            return self._ask_switch(pending)
         try:
             states = request(cfg.control, {"op": "slots", "job": cfg.job_id,
                                                    "slots": [s for _, s, _ in pending]})["slots"]
@@ -268,4 +270,46 @@ class Client:
                 notes.append(f"chunk {chunk} never reached the switch (slot {slot} copy {copy} "
                              f"holds chunk {state['chunk']})")
         return " The switch says: " + "; ".join(notes) + "."
+
+    def _ask_switch(self, pending: list[tuple[int, int, int]]) -> str:
+        """Ask the switch which workers each stuck chunk's copy has counted: a QUERY about each (every
+        target answers one, with a PENDING, whatever the job's loss_recovery), sent twice in case one
+        is lost; a switch that answers none is down or cut off."""
+        cfg = self.config
+        if self.generation is None or not pending:
+            return ""
+        asked = {chunk: (slot, copy) for chunk, slot, copy in pending}
+        queries = [((make_header(PacketType.QUERY, job=cfg.job_id, worker=self.rank, slot=slot, copy=copy,
+                                 chunk=chunk, generation=self.generation, key=cfg.key).pack(),), None)
+                   for chunk, (slot, copy) in asked.items()]
+        bitmaps: dict[int, int] = {}
+        for _ in range(2):
+            self._sock.send(queries)
+            deadline = time.monotonic() + _ASK_WAIT
+            while len(bitmaps) < len(asked) and (now := time.monotonic()) < deadline:
+                for data, _ in self._sock.recv(deadline - now):
+                    if len(data) != HEADER_SIZE:
+                        continue
+                    h = unpack_header(data)
+                    if (h.type == PacketType.PENDING and h.job == cfg.job_id and h.worker == self.rank
+                            and h.generation == self.generation and asked.get(h.chunk) == (h.slot, h.copy)):
+                        bitmaps[h.chunk] = h.key
+            if len(bitmaps) == len(asked):
+                break
+        if not bitmaps:
+            return (f" The switch at {cfg.switch} answered none of {len(asked)} QUERYs either: it is down, "
+                    "this worker cannot reach it, or it no longer has this job (`switchagg status`).")
+        notes = []
+        for chunk in asked:
+            bitmap = bitmaps.get(chunk)
+            if bitmap is None:
+                notes.append(f"chunk {chunk}: no answer")
+            elif bitmap == 0:
+                notes.append(f"no worker's contribution of chunk {chunk} reached the switch")
+            elif bitmap == (1 << cfg.n_workers) - 1:
+                notes.append(f"chunk {chunk} is summed, but its result does not reach this worker")
+            else:
+                notes.append(f"chunk {chunk} waits for workers "
+                             f"{[r for r in range(cfg.n_workers) if not bitmap >> r & 1]}")
+        return " The switch answers: " + "; ".join(notes) + "."
 

@@ -106,3 +106,21 @@ def test_ddp_training_through_bmv2(bed, job, tmp_path):
         assert np.array_equal(r["switchagg_params"], runs[0]["switchagg_params"])
     final, ref = runs[0]["switchagg_losses"][-1], runs[0]["default_losses"][-1]
     assert abs(final - ref) <= 0.01 * abs(ref)
+
+
+def test_a_dead_worker_is_named_by_the_p4_program(bed, job, tmp_path):
+    """The last rank stops after the first round: the others raise within their stall timeout and name
+    it, from the P4 program's PENDING answers to their QUERYs (BMv2 has no control port to ask)."""
+    from switchagg.targets import bmv2
+
+    cfg, path = job
+    assert cfg.control is None
+    bmv2.Bmv2Target(bed.grpc_addr).reset(cfg.job_id)
+    procs = [bed.exec(r, [sys.executable, "-m", "tests.netns_worker", str(path), str(r), str(tmp_path / f"{r}.npz"),
+                          str(1 if r == N - 1 else 2), str(SIZE)], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+             for r in range(N)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert procs[N - 1].returncode == 0, errs[N - 1][-3000:]
+    for r in range(N - 1):
+        assert procs[r].returncode != 0 and "StallError" in errs[r], errs[r][-3000:]
+        assert f"waits for workers [{N - 1}]" in errs[r], errs[r][-3000:]

@@ -85,6 +85,7 @@ def test_dead_switch_fails_backward(soft_switch):
     for _ in range(2):
         rank, kind, (message, took) = queue.get(timeout=60)
         assert kind == "failed" and "switch stopped answering" in message and took < 8
+        assert "answered none of" in message  # the QUERYs about the stuck chunks went unanswered too
     for p in procs:
         p.join(30)
 
