@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,6 +26,7 @@ from .transport import TransportStats, UdpSocket
 from .wire import (
     HEADER_SIZE,
     IP_UDP_OVERHEAD,
+    Header,
     PacketType,
     datagram_size,
     make_header,
@@ -186,21 +187,23 @@ class Client:
         deadline = time.monotonic() + timeout
         while True:
             self._sock.send([((probe,), None)])
-            resend = time.monotonic() + 0.2
-            while (now := time.monotonic()) < min(resend, deadline):
-                for data, _ in self._sock.recv(min(resend, deadline) - now):
-                    if len(data) != HEADER_SIZE:
-                        continue
-                    h = unpack_header(data)
-                    if (h.type == PacketType.PROBE_REPLY and h.job == cfg.job_id
-                            and h.worker == self.rank and h.key == cfg.key):
-                        return self._accept_generation(h.generation)
-            if now >= deadline:
+            for h in self._replies(min(time.monotonic() + 0.2, deadline)):
+                if (h.type == PacketType.PROBE_REPLY and h.job == cfg.job_id
+                        and h.worker == self.rank and h.key == cfg.key):
+                    return self._accept_generation(h.generation)
+            if time.monotonic() >= deadline:
                 raise JobNotStarted(
                     f"worker {self.rank} of job {cfg.job_id}: the switch at {cfg.switch} did not answer "
                     f"a probe for {timeout:.0f} s. Check that it runs and has this job installed "
                     f"(`switchagg status --config ...`), and that this worker sends from "
                     f"{cfg.workers[self.rank].address} with the job's key.")
+
+    def _replies(self, until: float) -> Iterator[Header]:
+        """The header-only datagrams (the switch's answers to a PROBE or a QUERY) that come until ``until``."""
+        while (now := time.monotonic()) < until:
+            for data, _ in self._sock.recv(until - now):
+                if len(data) == HEADER_SIZE:
+                    yield unpack_header(data)
 
     def _accept_generation(self, generation: int) -> int:
         if self.config.generation is not None and generation != self.config.generation:
@@ -285,15 +288,12 @@ class Client:
         bitmaps: dict[int, int] = {}
         for _ in range(2):
             self._sock.send(queries)
-            deadline = time.monotonic() + _ASK_WAIT
-            while len(bitmaps) < len(asked) and (now := time.monotonic()) < deadline:
-                for data, _ in self._sock.recv(deadline - now):
-                    if len(data) != HEADER_SIZE:
-                        continue
-                    h = unpack_header(data)
-                    if (h.type == PacketType.PENDING and h.job == cfg.job_id and h.worker == self.rank
-                            and h.generation == self.generation and asked.get(h.chunk) == (h.slot, h.copy)):
-                        bitmaps[h.chunk] = h.key
+            for h in self._replies(time.monotonic() + _ASK_WAIT):
+                if (h.type == PacketType.PENDING and h.job == cfg.job_id and h.worker == self.rank
+                        and h.generation == self.generation and asked.get(h.chunk) == (h.slot, h.copy)):
+                    bitmaps[h.chunk] = h.key
+                    if len(bitmaps) == len(asked):
+                        break
             if len(bitmaps) == len(asked):
                 break
         if not bitmaps:
