@@ -141,7 +141,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from .benchmarks.loss import RATES, run_loss_bench
 
         return run_loss_bench(worker_counts=tuple(args.loss_workers), rates=tuple(args.loss_rates or RATES),
-                              recoveries=tuple(args.loss_recovery), plot=args.plot)
+                              recoveries=tuple(args.loss_recovery), rounds=args.rounds, plot=args.plot)
     if args.ddp:
         from .ddp_demo import run_ddp_bench
 
@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="K, one or more: 64 is the P4 switch's packet, 16000 a 64 KB datagram (loopback only)")
     p.add_argument("--slots", type=int, help="the job's slots (default: 1024 for K = 64, 16 for 64 KB datagrams)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="switchagg then gloo, this many times; the ratios are the median of the rounds'")
+                   help="switchagg then gloo, this many times (--loss: every rate and recovery); "
+                        "the ratios are the median of the rounds'")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--plot", metavar="FILE.png", help="draw each round's ratios and packet rates (matplotlib)")
     p.add_argument("--loss", action="store_true",

@@ -36,3 +36,11 @@ def test_codec_speed_runs_every_packet_through_the_stream():
 @pytest.mark.skipif(not BATCHED_AVAILABLE, reason="the ceiling uses the Linux batch calls")
 def test_udp_ceiling_moves_datagrams():
     assert udp_ceiling(280, seconds=0.2) > 0
+
+
+def test_the_loss_bench_refuses_no_rounds_before_it_builds_anything():
+    from switchagg.benchmarks.loss import run_loss_bench
+    from switchagg.errors import SwitchAggError
+
+    with pytest.raises(SwitchAggError, match="--rounds must be 1 or more, not 0"):
+        run_loss_bench(rounds=0)

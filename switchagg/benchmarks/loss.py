@@ -4,8 +4,9 @@ The embedded switch runs in a namespace of its own, each worker in another, join
 nftables drops switchagg packets at random on every namespace's input (so a packet crosses two
 lossy hops: contribution into the switch, result into the worker) and duplicates 1% of what the
 workers send at the highest loss rate. Each worker allreduces int32 and float32 arrays of prime
-lengths (about 205k values of each, K = 64); the same job runs at every loss rate, and the bench
-prints per rate the time over the lossless time, the contributions resent and the QUERY packets
+lengths (about 205k values of each, K = 64); the same job runs at every loss rate, ``rounds`` times
+over, and the bench prints per rate the time over the same round's lossless time (the median over
+the rounds, and its range), the contributions resent and the QUERY packets
 sent (in the timed calls, not the warm-up that waits for every rank to start), each over the
 packets nftables dropped (its own counters), and whether every sum came out bit-exact (int32 against numpy, float32
 against the lossless run, on every rank), for each ``loss_recovery`` of the job (``resend``: every
@@ -43,16 +44,18 @@ DUP = 1  # percent duplicated at the highest rate
 
 
 class Row(NamedTuple):
-    """One loss rate's run."""
+    """One loss rate's runs, one per round."""
 
     recovery: str  # the job's loss_recovery
     rate: float  # percent per hop
-    seconds: float  # the slowest rank's timed calls
-    slowdown: float  # over the lossless run's
-    resent: int  # contributions sent again, all ranks
-    asked: int  # QUERY packets, all ranks
-    dropped: int  # by nftables
-    exact: bool
+    seconds: float  # the slowest rank's timed calls, the median over the rounds
+    slowdown: float  # the median over the rounds of the time over the same round's lossless time
+    low: float  # and the least and the most of those
+    high: float
+    resent: int  # contributions sent again, all ranks and rounds
+    asked: int  # QUERY packets, all ranks and rounds
+    dropped: int  # by nftables, all rounds
+    exact: bool  # in every round
 
     def per_drop(self, what: int) -> str:
         return f"{what / self.dropped:.2f}" if self.dropped else "-"
@@ -188,49 +191,80 @@ def missing() -> str | None:
 
 
 def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[float, ...] = RATES,
-                   recoveries: tuple[str, ...] = ("resend", "query"), plot: str | None = None) -> int:
-    """The same job at every loss rate for each worker count and loss recovery; a line per rate, and a
-    table at the end."""
+                   recoveries: tuple[str, ...] = ("resend", "query"), rounds: int = 1,
+                   plot: str | None = None) -> int:
+    """The same job at every loss rate for each worker count and loss recovery, ``rounds`` times over;
+    a line per run, and a table at the end of each rate's median over the rounds.
+
+    A round runs every recovery at every rate in turn, so that a drift of the machine's speed
+    (other processes, its clock) reaches every figure alike: on a busy two-core host one run's time
+    over the lossless one varies by 0.2x or more from round to round, the median of five by less.
+    """
+    if rounds < 1:
+        raise SwitchAggError(f"--rounds must be 1 or more, not {rounds}")
     problem = missing()
     if problem:
         raise SwitchAggError(problem)
     values = sum(PRIMES)
     print(f"loss bench: K=64, {values} float32 and {values} int32 values per worker, loss on every hop's input "
-          f"(contribution and result), {DUP}% duplication at {max(rates):g}%")
+          f"(contribution and result), {DUP}% duplication at {max(rates):g}%, {rounds} round(s)")
     table: dict[tuple[int, str], list[Row]] = {}
     try:
-        for n, recovery in itertools.product(worker_counts, recoveries):
-            cfg = dataclasses.replace(_topology(n), loss_recovery=recovery)
-            lossless: list[dict[str, np.ndarray]] | None = None
-            base = 0.0
-            for rate in rates:
-                _impair(n, rate, DUP if rate == max(rates) and rate else 0)
-                with tempfile.TemporaryDirectory() as tmp:
-                    runs, seconds = _run(cfg, Path(tmp))
-                if lossless is None:
-                    lossless, base = runs, seconds
-                row = Row(recovery, rate, seconds, seconds / base, sum(int(r["resent"]) for r in runs),
-                          sum(int(r["asked"]) for r in runs), _dropped(n), _exact(runs, lossless, n))
-                table.setdefault((n, recovery), []).append(row)
-                print(f"{n} workers, {recovery}, {rate:g}% loss: {seconds:.2f} s ({row.slowdown:.2f}x lossless), "
-                      f"resent {row.resent}, asked {row.asked}, dropped {row.dropped} (resent/dropped "
-                      f"{row.per_drop(row.resent)}, asked/dropped {row.per_drop(row.asked)}), "
-                      f"{'bit-exact' if row.exact else 'NOT EXACT'}", flush=True)
+        for n in worker_counts:
+            topology = _topology(n)
+            runs_of: dict[tuple[str, float], list[_Run]] = {}
+            for rnd, recovery in itertools.product(range(rounds), recoveries):
+                cfg = dataclasses.replace(topology, loss_recovery=recovery)
+                lossless: _Run | None = None
+                for rate in rates:
+                    _impair(n, rate, DUP if rate == max(rates) and rate else 0)
+                    with tempfile.TemporaryDirectory() as tmp:
+                        ranks, seconds = _run(cfg, Path(tmp))
+                    lossless = lossless or _Run(seconds, ranks, 0, 0, 0, True, seconds)
+                    run = _Run(seconds, ranks, sum(int(r["resent"]) for r in ranks),
+                               sum(int(r["asked"]) for r in ranks), _dropped(n), _exact(ranks, lossless.ranks, n),
+                               lossless.seconds)
+                    runs_of.setdefault((recovery, rate), []).append(run)
+                    print(f"{n} workers, {recovery}, {rate:g}% loss, round {rnd + 1}: {seconds:.2f} s "
+                          f"({seconds / run.lossless:.2f}x lossless), resent {run.resent}, asked {run.asked}, "
+                          f"dropped {run.dropped}, {'bit-exact' if run.exact else 'NOT EXACT'}", flush=True)
+            for (recovery, rate), runs in runs_of.items():
+                table.setdefault((n, recovery), []).append(_row(recovery, rate, runs))
     finally:
         _teardown()
-    print("workers  recovery  loss%  seconds  x_lossless  resent  asked  dropped  resent/dropped  asked/dropped  "
-          "exact")
+    print("workers  recovery  loss%  seconds  x_lossless      range  resent  asked  dropped  resent/dropped  "
+          "asked/dropped  exact")
     for (n, _), rows in table.items():
         for r in rows:
-            print(f"{n:>7}  {r.recovery:>8}  {r.rate:>5g}  {r.seconds:>7.2f}  {r.slowdown:>10.2f}  {r.resent:>6}  "
-                  f"{r.asked:>5}  {r.dropped:>7}  {r.per_drop(r.resent):>14}  {r.per_drop(r.asked):>13}  "
-                  f"{'yes' if r.exact else 'NO'}")
+            spread = f"{r.low:.2f}-{r.high:.2f}" if rounds > 1 else "-"
+            print(f"{n:>7}  {r.recovery:>8}  {r.rate:>5g}  {r.seconds:>7.2f}  {r.slowdown:>10.2f}  {spread:>9}  "
+                  f"{r.resent:>6}  {r.asked:>5}  {r.dropped:>7}  {r.per_drop(r.resent):>14}  "
+                  f"{r.per_drop(r.asked):>13}  {'yes' if r.exact else 'NO'}")
     print("slowdown_at_max_loss=" + " ".join(f"{n}w-{recovery}:{rows[-1].slowdown:.2f}"
                                               for (n, recovery), rows in table.items()))
     if plot:
         _plot(plot, table)
         print(f"plot: {plot}", file=sys.stderr)
     return 0 if all(r.exact for rows in table.values() for r in rows) else 1
+
+
+class _Run(NamedTuple):
+    """One run of the job: the slowest rank's time, each rank's results, and what it cost."""
+
+    seconds: float
+    ranks: list[dict[str, np.ndarray]]
+    resent: int
+    asked: int
+    dropped: int
+    exact: bool
+    lossless: float  # the same round's lossless time
+
+
+def _row(recovery: str, rate: float, runs: list[_Run]) -> Row:
+    ratios = [r.seconds / r.lossless for r in runs]
+    return Row(recovery, rate, float(np.median([r.seconds for r in runs])), float(np.median(ratios)), min(ratios),
+               max(ratios), sum(r.resent for r in runs), sum(r.asked for r in runs), sum(r.dropped for r in runs),
+               all(r.exact for r in runs))
 
 
 def _plot(path: str, table: dict[tuple[int, str], list[Row]]) -> None:
@@ -242,8 +276,10 @@ def _plot(path: str, table: dict[tuple[int, str], list[Row]]) -> None:
     except ImportError:
         raise SwitchAggError("--plot needs matplotlib: pip install 'switchagg[bench]'") from None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (n, recovery), rows in table.items():
-        ax.plot([r.rate for r in rows], [r.slowdown for r in rows], "o-", label=f"{n} workers, {recovery}")
+    for (n, recovery), rows in table.items():  # the median over the rounds, bars from the least to the most
+        ax.errorbar([r.rate for r in rows], [r.slowdown for r in rows], capsize=3, fmt="o-",
+                    yerr=[[r.slowdown - r.low for r in rows], [r.high - r.slowdown for r in rows]],
+                    label=f"{n} workers, {recovery}")
     ax.set(title="allreduce time under loss (K=64)", xlabel="loss per hop (%)", ylabel="time over lossless")
     ax.grid(alpha=0.3)
     ax.legend()
