@@ -523,6 +523,20 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     return 0;
 }
 
+/* Reduction._cap_tail: with at most EARLY_PROBE packets out, a packet resent (or asked about) before
+ * waits no longer from its last send than resend_wait's tail rule allows now. */
+static void cap_tail(Stream *s) {
+    if (s->n_in_flight > EARLY_PROBE)
+        return;
+    for (Py_ssize_t u = s->sends.head; u >= 0; u = s->sends.next[u]) {
+        double due = s->last_send[u] + resend_wait(s, s->retries[u]);
+        if (s->retries[u] && due < s->deadline[u]) {
+            list_remove(&s->timers, u);
+            timer_set(s, u, due);
+        }
+    }
+}
+
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
     if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
@@ -579,7 +593,10 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     s->probes = 0;
     s->stalled = 0;
     s->started = 1;
-    return fill(s, now) < 0 ? -1 : 1;
+    if (fill(s, now) < 0)
+        return -1;
+    cap_tail(s);
+    return 1;
 }
 
 PyDoc_STRVAR(receive_batch_doc,

@@ -551,7 +551,27 @@ class Reduction:
         self._stalled = False
         self.started = True
         self._fill(now)
+        self._cap_tail()
         return True
+
+    def _cap_tail(self) -> None:
+        """With at most :data:`EARLY_PROBE` packets out, a packet resent (or asked about) before waits no
+        longer from its last send than the tail rule of :meth:`_resend_wait` allows now.
+
+        Its wait was set when more were out, and the results of those reveal no loss once they are
+        back: at a call's tail, and also where the schedule is held up by one slot (the next chunk
+        waits for a result that this worker lacks, and every peer waits for that chunk) the worker
+        that holds it up would otherwise sit out a wait learned behind a full window, backed off,
+        while every peer waits on it (in simulation at 5% loss, 7 workers: calls of 2-3 s instead
+        of 0.1 s).
+        """
+        if len(self._outstanding) > EARLY_PROBE:
+            return
+        for u, entry in self._outstanding.items():
+            due = entry[0] + self._resend_wait(entry[1])
+            if entry[1] and due < entry[4]:
+                entry[4] = due
+                heapq.heappush(self._timers, (due, u))
 
     def _first_timer(self) -> tuple[float, int] | None:
         """The live timer that fires first (stale ones, of packets answered, resent or re-timed, are dropped)."""

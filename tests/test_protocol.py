@@ -339,6 +339,41 @@ def test_at_a_calls_tail_a_resent_packet_waits_a_few_round_trips_not_what_a_queu
     assert red.retransmissions == 2 and not red.done
 
 
+def test_a_packet_resent_while_a_window_was_out_waits_no_longer_than_the_tail_rule_once_it_holds_the_call_up(impl):
+    """A packet resent while a window was out waits what resend_timeout learned behind that queue. Once
+    the others are back and it is all that is out (the next chunks wait for its slot: the schedule is
+    held up on it, and every peer waits for this worker's next chunk), it goes again within the tail
+    rule from its last send, not after the learned wait (in simulation at 5% loss and 7 workers,
+    such waits, backed off, made calls of 0.1 s take 2-3 s)."""
+    from switchagg.payloads import Int32Payloads
+    from switchagg.wire import datagram_size
+
+    window = Window(8, initial=8)
+    window.on_result(0.001, 0.0)  # the shortest round trip: 1 ms
+    for _ in range(40):
+        window.on_resend_result(0.030)  # resent packets came back in 30 ms, behind a queue
+    assert window.resend_timeout >= 0.030 > 2 * window.tail_timeout
+    job = Job(n=1, slots=8, k=16)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    x = np.arange(16 * 16, dtype=np.int32)
+    red = IMPLEMENTATIONS[impl](job.params(0), window, Int32Payloads(x, np.empty_like(x), 16), n_chunks=16,
+                                first_id=0, copies=np.zeros(8, np.int64), now=0.0, progress_timeout=5.0, started=True)
+    size = datagram_size(16)
+    rows = np.empty((8, size), np.uint8)
+    assert red.emit(rows, np.zeros(8, np.uint32)) == 8  # chunks 0-7, a slot each: a window out
+    late = [row.tobytes() for row in rows[1:]]  # chunk 0 is lost, the others' results come late
+    resend = red.next_deadline()
+    red.tick(resend)  # the RTO: chunk 0 goes again, with seven out
+    assert red.retransmissions == 1 and red.emit(rows, np.zeros(8, np.uint32)) == 1  # and is lost again
+    assert red.next_deadline() >= resend + 0.030
+    sums = [e.payload() for row in late for e in model.process(row, job.address(0))]
+    red.receive_batch(b"".join(sums), (size * np.arange(7)).astype(np.uint32), np.full(7, size, np.uint32),
+                      resend + 0.002)
+    assert [c for c, _, _ in red.pending()] == [0]  # chunk 8 waits for chunk 0's slot
+    assert red.next_deadline() == pytest.approx(resend + window.tail_timeout)
+
+
 def test_after_a_silence_resent_packets_do_not_wait_out_their_backoff(impl):
     """While nothing comes back (peers still on their way to the call, or one stopped) resent packets
     wait longer and longer; once results flow, those still missing go again after a resend timeout,
