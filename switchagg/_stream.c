@@ -573,7 +573,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
             s->rack_order = s->order[t];
             s->rack_rtt = now - sent;
         }
-    } else if (s->state[t] != WAITING && now - sent < s->w.min_rtt) {  /* spurious: the original's result */
+    } else if (s->state[t] != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
         win_undo(&s->w);
         win_on_result(&s->w, now - s->first_send[t], now, s->first_send[t] >= s->first_result);
     } else {  /* ambiguous: no round trip, but how long a resent packet waits */

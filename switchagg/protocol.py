@@ -234,9 +234,12 @@ class Window:
         """A result sooner after a retransmission than any round trip answers the original: the timeout was early.
 
         No real loss then, only a peer that was slow (on a busy host, one descheduled
-        for a few milliseconds): :meth:`undo` takes the window reduction back.
+        for a few milliseconds): :meth:`undo` takes the window reduction back. Before any round
+        trip was measured nothing tells (Karn): the result may answer the retransmission, and
+        taking the original's wait, a whole RTO, for a round trip made every timer of the job's
+        first calls four times that (in simulation at 5% loss, calls of 0.1 s took 0.4 s).
         """
-        return since_last_send < self.min_rtt
+        return since_last_send < self.min_rtt < math.inf
 
     def undo(self) -> None:
         self.cwnd = max(self.cwnd, self._cwnd_before_loss)

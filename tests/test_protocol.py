@@ -7,6 +7,7 @@ the Python :class:`~switchagg.protocol.Reduction` and the C :class:`~switchagg.p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import numpy as np
@@ -511,6 +512,21 @@ def test_spurious_timeout_is_undone():
     assert win.is_spurious(0.002)  # sooner than any round trip: the original's result
     win.undo()
     assert win.cwnd == before
+
+
+def test_a_result_after_a_retransmission_teaches_no_round_trip_before_one_was_measured(impl):
+    """Karn: with no round trip measured yet, a result after a retransmission may answer either send.
+    Taking it for the original's would make the whole RTO waited a round trip, and every timer of the
+    job's first calls four times that."""
+    red, send_and_answer = _one_worker_call(impl, 1)
+    send_and_answer(0.001, drop={0})  # the first call's only packet is lost
+    resend = red.next_deadline()
+    assert resend >= 0.05  # its RTO: nothing measured yet
+    red.tick(resend)
+    send_and_answer(resend + 0.001)
+    assert red.done and red.retransmissions == 1
+    assert red.window.min_rtt == math.inf and red.window.srtt is None  # no round trip learned
+    assert not Window(8).is_spurious(0.001)
 
 
 @pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
