@@ -208,7 +208,7 @@ static void win_on_timeout(Win *w, double now) {
     w->cwnd_before_loss = w->cwnd;
     w->ssthresh = dmax(1.0, w->cwnd / 2);
     w->cwnd = w->ssthresh;
-    w->recovery_until = now + (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto);
+    w->recovery_until = now + w->rto;  /* the packets out now time out within an RTO: this cut answers them all */
 }
 
 static double probe_timeout(const Win *w);

@@ -286,7 +286,10 @@ class Window:
         """The timer of a packet sent once ran out: nothing else found it lost.
 
         Counted; the window halves only when the round trip's timeouts exceed :data:`LOSS_SHARE`
-        of it, once per round trip.
+        of it, and then not again for an RTO: every packet out at the cut times out within one,
+        so the cut answers them all. (Once per round trip, a burst of timeouts of packets that
+        had waited behind a long queue halved a window of 256 eight times over in 25 ms, in
+        simulation at 5% loss, and the worker with a window of one held up its peers.)
         """
         self.losses += 1
         if now >= self._epoch_end:
@@ -298,7 +301,7 @@ class Window:
         self._cwnd_before_loss = self.cwnd
         self.ssthresh = max(1.0, self.cwnd / 2)
         self.cwnd = self.ssthresh
-        self._recovery_until = now + (self.srtt or self.rto)
+        self._recovery_until = now + self.rto
 
     def timeout_for(self, retries: int) -> float:
         """Exponential backoff of the timeout for a packet sent ``retries`` times before."""

@@ -501,6 +501,21 @@ def test_a_lost_result_costs_its_worker_one_resend_and_the_others_nothing(impl):
     assert model.counters()["jobs"][1]["results_unicast"] == 1
 
 
+def test_a_burst_of_timeouts_halves_the_window_once_per_rto_not_once_per_round_trip():
+    """Packets that waited behind a long queue time out one after another, for as long as that queue
+    was: every one of them was out when the first cut came, so none cuts again for an RTO."""
+    win = Window(max_size=1024, initial=256)
+    win.on_result(0.002, 0.0)  # a round trip of 2 ms: an RTO of 50 ms (its floor)
+    assert win.rto == pytest.approx(0.05)
+    start = win.cwnd
+    for i in range(1000):  # 40 timeouts a millisecond, for 25 ms: a dozen round trips
+        win.on_timeout(now=1.0 + i * 0.000025)
+    assert win.cwnd == start / 2
+    for i in range(1000):  # an RTO on, they cut again (once)
+        win.on_timeout(now=1.06 + i * 0.000025)
+    assert win.cwnd == start / 4
+
+
 def test_spurious_timeout_is_undone():
     win = Window(max_size=32, initial=16)
     win.on_result(0.010, 0.0)  # min_rtt 10 ms
