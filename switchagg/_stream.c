@@ -529,8 +529,10 @@ static void cap_tail(Stream *s) {
     if (s->n_in_flight > EARLY_PROBE)
         return;
     for (Py_ssize_t u = s->sends.head; u >= 0; u = s->sends.next[u]) {
+        if (!s->retries[u])
+            continue;
         double due = s->last_send[u] + resend_wait(s, s->retries[u]);
-        if (s->retries[u] && due < s->deadline[u]) {
+        if (due < s->deadline[u]) {
             list_remove(&s->timers, u);
             timer_set(s, u, due);
         }

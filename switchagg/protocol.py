@@ -574,8 +574,7 @@ class Reduction:
         if len(self._outstanding) > EARLY_PROBE:
             return
         for u, entry in self._outstanding.items():
-            due = entry[0] + self._resend_wait(entry[1])
-            if entry[1] and due < entry[4]:
+            if entry[1] and (due := entry[0] + self._resend_wait(entry[1])) < entry[4]:
                 entry[4] = due
                 heapq.heappush(self._timers, (due, u))
 
