@@ -578,8 +578,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     } else if (s->state[t] != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
         win_undo(&s->w);
         win_on_result(&s->w, now - s->first_send[t], now, s->first_send[t] >= s->first_result);
-    } else {  /* ambiguous: no round trip, but how long a resent packet waits */
-        win_on_resend_result(&s->w, now - s->resent_at[t]);
+    } else if (s->w.min_rtt < INFINITY) {  /* ambiguous: no round trip, but how long a resent packet waits */
+        win_on_resend_result(&s->w, now - s->resent_at[t]);  /* (before any round trip, mostly peers starting) */
     }
     s->last_progress = s->probe_from = now;
     s->first_result = dmin(s->first_result, now);

@@ -543,7 +543,8 @@ class Reduction:
         elif state != WAITING and self.window.is_spurious(now - sent):
             self.window.undo()
             self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
-        else:  # ambiguous (Karn): no round trip, but how long a resent packet waits
+        elif self.window.min_rtt < math.inf:  # ambiguous (Karn): no round trip, but how long a resent packet waits
+            # (before any round trip, what it waited is mostly peers still starting: nothing to learn)
             self.window.on_resend_result(now - resent)
         self.last_progress = self._probe_from = now
         self._first_result = min(self._first_result, now)

@@ -532,7 +532,8 @@ def test_spurious_timeout_is_undone():
 def test_a_result_after_a_retransmission_teaches_no_round_trip_before_one_was_measured(impl):
     """Karn: with no round trip measured yet, a result after a retransmission may answer either send.
     Taking it for the original's would make the whole RTO waited a round trip, and every timer of the
-    job's first calls four times that."""
+    job's first calls four times that; and what it waited is mostly peers still starting, not the
+    wait of a resend on a live job."""
     red, send_and_answer = _one_worker_call(impl, 1)
     send_and_answer(0.001, drop={0})  # the first call's only packet is lost
     resend = red.next_deadline()
@@ -540,7 +541,8 @@ def test_a_result_after_a_retransmission_teaches_no_round_trip_before_one_was_me
     red.tick(resend)
     send_and_answer(resend + 0.001)
     assert red.done and red.retransmissions == 1
-    assert red.window.min_rtt == math.inf and red.window.srtt is None  # no round trip learned
+    assert red.window.min_rtt == math.inf and red.window.srtt is None  # no round trip learned,
+    assert red.window.resend_wait == math.inf  # nor a resend's wait (mostly peers still starting)
     assert not Window(8).is_spurious(0.001)
 
 
