@@ -21,6 +21,7 @@ from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
 from .payloads import Prepared, array_payloads, check_op, flat_payloads, is_tensor
 from .protocol import NativeReduction, Reduction, StreamParams, Window
+from .scheduling import batch_scheduling
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
 from .wire import (
@@ -65,12 +66,14 @@ class Client:
 
     ``start_timeout`` bounds the wait for the switch and the other workers at the
     start of the job; ``stall_timeout`` bounds any later wait for progress. Both
-    end in an exception, never in a hang.
+    end in an exception, never in a hang. ``batch_scheduling`` runs the client's thread
+    under ``SCHED_BATCH`` (see :mod:`switchagg.scheduling`: where workers share cores, a
+    woken worker then does not preempt the one that woke it); False keeps the default policy.
     """
 
     def __init__(self, config: JobConfig, rank: int, *, start_timeout: float = 60.0,
                  stall_timeout: float = 5.0, batched: bool | None = None,
-                 segmentation: bool | None = None) -> None:
+                 segmentation: bool | None = None, batch_scheduling: bool = True) -> None:
         if not 0 <= rank < config.n_workers:
             raise ConfigError(f"rank {rank} is not a worker of job {config.job_id} "
                               f"(it has ranks 0..{config.n_workers - 1})")
@@ -97,6 +100,7 @@ class Client:
         self.generation: int | None = None
         self._failed: BaseException | None = None
         self._closing = False
+        self._batch_scheduling = batch_scheduling
         self._queue: queue.Queue[tuple[Future, Callable[[], Any]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=f"switchagg-client-{rank}", daemon=True)
         self._thread.start()
@@ -162,6 +166,8 @@ class Client:
     # ---- the client thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._batch_scheduling:
+            batch_scheduling()
         while (item := self._queue.get()) is not None:
             future, fn = item
             if not future.set_running_or_notify_cancel():

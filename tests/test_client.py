@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import socket
 import subprocess
@@ -326,6 +327,19 @@ def test_no_switch_means_job_not_started_quickly():
         assert time.monotonic() - t < 3
         with pytest.raises(Exception, match="earlier call"):  # a failed client refuses further calls
             c.allreduce(np.ones(10, np.float32))
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_client_thread_runs_under_sched_batch_unless_told_not_to_and_nothing_else_does():
+    """A woken worker thread must not preempt the one whose send woke it (switchagg.scheduling); the
+    caller's threads keep their policy."""
+    cfg = loopback_config(2, switch_port=9)
+    before = os.sched_getscheduler(0)
+    with Client(cfg, 0) as c:
+        assert c.submit(lambda: os.sched_getscheduler(0)).result() == os.SCHED_BATCH
+    with Client(cfg, 1, batch_scheduling=False) as c:
+        assert c.submit(lambda: os.sched_getscheduler(0)).result() == before
+    assert os.sched_getscheduler(0) == before
 
 
 def test_probe_reports_generation_and_checks_config(make_job, soft_switch):
