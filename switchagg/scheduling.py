@@ -13,17 +13,15 @@ changes: there is no one to preempt.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
-def batch_scheduling() -> bool:
-    """Put the calling thread under ``SCHED_BATCH``; returns whether it could (Linux only: elsewhere,
-    or where a sandbox forbids the call, the thread keeps its policy and nothing else changes)."""
+def batch_scheduling() -> None:
+    """Put the calling thread under ``SCHED_BATCH`` (Linux only: elsewhere, or where a sandbox
+    forbids the call, the thread keeps its policy and nothing else changes)."""
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None:
-        return False
-    try:
+        return
+    with contextlib.suppress(OSError):
         os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: the calling thread
-    except OSError:
-        return False
-    return True
