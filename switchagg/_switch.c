@@ -32,7 +32,7 @@ enum {  /* counters.JobCounter */
 };
 
 typedef struct {
-    uint32_t generation, key, slot_base, slot_count, k;
+    uint32_t generation, key, slot_base, slot_count, k;  /* generation: the installed one, which probes answer */
     int n_workers;
     unsigned char names[MAX_WORKERS][NAME];  /* each rank's address */
     unsigned long long counters[N_JOB_COUNTERS];
@@ -99,7 +99,9 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         return 1;
     }
     uint32_t generation = get32(p + OFF_GENERATION), slot = get16(p + OFF_SLOT), chunk = get32(p + OFF_CHUNK);
-    if (generation != job->generation) {
+    /* Any generation but 0 is a run's (the session its workers agreed on; the tag keeps runs apart); 0 is
+     * what every tag powers up holding, so its chunk 0 would read a never-used copy as its own. */
+    if (generation == 0) {
         counters[WRONG_GENERATION]++;
         return 0;
     }

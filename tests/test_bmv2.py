@@ -203,7 +203,7 @@ def test_foreign_sender_wrong_key_and_malformed_headers(diff):
                 + good[1][24:], good[2]))  # a probe carrying values
     send(diff, contrib(diff, 2, 0, 30, slot=3, values=[1, 2, 3]))  # a K the program does not take
     send(diff, contrib(diff, 2, 0, 30, slot=4))  # slot beyond the job's 4
-    send(diff, contrib(diff, 2, 0, 30, slot=3, generation=12345))
+    send(diff, contrib(diff, 2, 0, 30, slot=3, generation=0))  # what every tag powers up holding
     probe = make_header(PacketType.PROBE, job=2, worker=1, key=diff.jobs[2].key).pack()
     assert len(diff.send(diff.jobs[2].workers[1].switch_port, probe, diff.jobs[2].workers[1].address.tuple)) == 1
     diff.check_counters()
@@ -218,13 +218,46 @@ def test_two_jobs_interleaved_share_hosts_not_state(diff):
 
 
 def test_reset_with_old_state_still_in_the_registers(diff):
+    """A reset changes what a probe answers (where a run's join starts), not which packets are taken: the old
+    run's packets still sum under their own tag, and the new run's start the copy afresh."""
     send(diff, contrib(diff, 2, 0, 500, slot=1))
     old = diff.generation(2)
     assert diff.reset(2) != old
-    stale = contrib(diff, 2, 1, 500, slot=1, generation=old)
-    assert send(diff, stale) == []  # the old run's packet: wrong generation
-    send(diff, contrib(diff, 2, 0, 3, slot=1))  # a lower chunk id, yet a first write
+    w = diff.jobs[2].workers[0]
+    (reply,) = diff.send(w.switch_port, make_header(PacketType.PROBE, job=2, worker=0, key=diff.jobs[2].key).pack(),
+                         w.address.tuple)
+    assert unpack_header(reply[3]).generation == diff.generation(2)
+    assert len(send(diff, contrib(diff, 2, 1, 500, slot=1, generation=old))) == 2  # the old run's own sum
+    send(diff, contrib(diff, 2, 0, 3, slot=1))  # a lower chunk id, yet a first write: another run's copy
     assert len(send(diff, contrib(diff, 2, 1, 3, slot=1))) == 2
+    diff.check_counters()
+
+
+def test_session_generations_sum_apart_and_generation_zero_is_dropped(diff):
+    """Packets carry their run's session generation, any but 0, which the job was never installed with: each
+    sums under its own tag; another run's copy reads EMPTY (a fresh write, never stale); generation 0, which
+    every tag powers up holding, is wrong_generation even for chunk 0 on a copy no run has used."""
+    for rank in range(8):  # job 1's slot 7 has never been written: (generation 0, chunk 0) in every register
+        assert send(diff, contrib(diff, 1, rank, 0, slot=7, generation=0)) == []
+    assert send(diff, query(diff, 1, 0, 0, slot=7, generation=0)) == []
+    a, b = 0x0A0A0A0A, 0xB0B0B0B0
+    for rank in range(8):  # a run that is not the installed one: summed
+        out = send(diff, contrib(diff, 1, rank, 0, slot=7, generation=a, values=np.full(K, rank + 1)))
+    assert len(out) == 8 and unpack_header(out[0][3]).generation == a
+    assert np.frombuffer(out[0][3][24:], ">i4").tolist() == [36] * K
+    assert pending(send(diff, query(diff, 1, 0, 0, slot=7, generation=a))) == 0xFF
+    for rank in range(3):
+        send(diff, contrib(diff, 1, rank, 900, slot=7, copy=1, generation=a, values=np.full(K, 1)))
+    send(diff, contrib(diff, 1, 3, 5, slot=7, copy=1, generation=b, values=np.full(K, 100)))  # older id, other run
+    assert pending(send(diff, query(diff, 1, 0, 900, slot=7, copy=1, generation=a))) == 0  # a's state is gone
+    assert pending(send(diff, query(diff, 1, 0, 5, slot=7, copy=1, generation=b))) == 0b1000
+    for rank in (0, 1, 2, 4, 5, 6):
+        assert send(diff, contrib(diff, 1, rank, 5, slot=7, copy=1, generation=b, values=np.full(K, 100))) == []
+    out = send(diff, contrib(diff, 1, 7, 5, slot=7, copy=1, generation=b, values=np.full(K, 100)))
+    assert len(out) == 8 and np.frombuffer(out[0][3][24:], ">i4").tolist() == [800] * K  # b's sum alone
+    assert send(diff, contrib(diff, 1, 3, 900, slot=7, copy=1, generation=a, values=np.full(K, 1))) == []  # fresh
+    assert pending(send(diff, query(diff, 1, 0, 900, slot=7, copy=1, generation=a))) == 0b1000
+    assert diff.status(1).counters["wrong_generation"] >= 9
     diff.check_counters()
 
 
@@ -398,8 +431,9 @@ def test_a_query_is_answered_with_each_row_of_the_query_table(diff):
 
 
 def test_a_query_in_another_run_wraps_around_and_its_drops(diff):
-    """A copy of the job's previous run reads as empty; chunk ids wrap; a query of another generation, a
-    slot the job lacks, or not admitted is dropped and counted, as the model does."""
+    """A copy of the job's previous run reads as empty to the next run and as its own to the previous run;
+    chunk ids wrap; a query of generation 0, a slot the job lacks, or not admitted is dropped and counted,
+    as the model does."""
     send(diff, contrib(diff, 1, 0, 0xFFFFFFFF, slot=5))
     assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5))) == 1
     assert pending(send(diff, query(diff, 1, 1, 1, slot=5))) == 0  # newer across the wrap
@@ -408,7 +442,8 @@ def test_a_query_in_another_run_wraps_around_and_its_drops(diff):
     diff.reset(1)
     assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5))) == 0  # the old run's state: empty
     assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFE, slot=5))) == 0  # so nothing is stale either
-    assert send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5, generation=old)) == []  # wrong_generation
+    assert pending(send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5, generation=old))) == 1  # the old run's own
+    assert send(diff, query(diff, 1, 1, 0xFFFFFFFF, slot=5, generation=0)) == []  # wrong_generation
     assert send(diff, query(diff, 1, 1, 5, slot=8)) == []  # slot_out_of_range (job 1 has 8)
     assert send(diff, query(diff, 1, 1, 5, slot=0xFFFF)) == []
     host, payload, src = query(diff, 1, 1, 5, slot=6)

@@ -273,7 +273,7 @@ def test_tna_a_query_only_reads_the_first_half():
     apply = p4_block(text[text.index("control CopyState"):], "    apply {")
     assert re.findall(r"!second_half && md\.tag == (\w+)\) \{\s*(\w+)\(\);", apply) == [
         ("SA_TAG_PEEK", "peek_chunk"), ("SA_TAG_HELD", "read_workers")]
-    assert "(1, 0, _, 1): peek_generation();" in text and "(1, 0, _, 0): check_generation();" in text
+    assert "(1, _, _, 1): peek_generation();" in text and "(1, _, _, 0): check_generation();" in text
     types = (TNA / "include" / "types.p4").read_text()
     tags = {n: int(v) for n, v in re.findall(r"const bit<8> (SA_TAG_\w+) = (\d+);", types)}
     assert len(set(tags.values())) == len(tags) == 7
@@ -281,3 +281,32 @@ def test_tna_a_query_only_reads_the_first_half():
     assert set(re.findall(r"\(0, _, (SA_TAG_\w+),", values)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}
     exponent = p4_block(text, "table exponent_op {")
     assert set(re.findall(r"\((SA_TAG_\w+),", exponent)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}
+
+
+def test_a_packet_of_any_generation_but_zero_is_taken():
+    """docs/protocol.md section 7, item 5, on both programs: generation 0 (what every tag powers up holding) is
+    wrong_generation, in the model's order (after a probe's answer, before the slot check); any other is a run's
+    session generation, never compared with the job's installed one, which only a probe's reply carries."""
+    v1model = (P4 / "v1model" / "aggregation.p4").read_text()
+    apply = p4_block(v1model, "    apply {")
+    assert apply.lstrip().startswith("if (hdr.vals.isValid() && hdr.sa.chunk_generation & SA_GENERATION_BITS != 0")
+    steps = re.findall(r"\} else if \((.*?)\) \{\s*(?:/\*.*?\*/\s*)?(\w+)\(\);", apply)
+    probe = [step[1] for step in steps].index("probe_reply")  # the first test off the common path
+    assert steps[probe:probe + 3] == [
+        ("hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_PROBE << 16", "probe_reply"),
+        ("hdr.sa.chunk_generation & SA_GENERATION_BITS == 0", "drop_wrong_generation"),
+        ("hdr.sa.slot >= hdr.local.job[63:48]", "drop_slot_out_of_range")]
+    uses = [m.start() for m in re.finditer(r"hdr\.local\.job & SA_GENERATION_BITS", v1model)]
+    reply = v1model.index("action probe_reply()")
+    assert len(uses) == 1 and reply < uses[0] < v1model.index("}", reply)  # the job's: the probe's reply only
+
+    tna = (TNA / "aggregation.p4").read_text()
+    entries = re.findall(r"\(([^()]*)\): (\w+)\(\);", p4_block(tna, "table admitted {"))
+    assert entries == [("1, 0, _, _", "wrong_generation"), ("1, _, 0, _", "slot_out_of_range"),
+                       ("1, _, _, 0", "check_generation"), ("1, _, _, 1", "peek_generation")]  # tried in order
+    assert "const default_action = drop_not_admitted();" in p4_block(tna, "table admitted {")
+    assert "hdr.sa.generation: ternary;" in p4_block(tna, "table admitted {")
+    main = (TNA / "main.p4").read_text()
+    assert re.search(r"hdr\.sa\.type == SA_TYPE_PROBE\) \{\s*probe_reply\(\);\s*"
+                     r"\} else if \(hdr\.sa\.generation == 0\) \{[^\n]*\n\s*drop_job\(SA_JOB_WRONG_GENERATION\);", main)
+    assert "hdr.sa.generation" not in p4_block((TNA / "admission.p4").read_text(), "action admit(")

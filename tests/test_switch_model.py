@@ -151,18 +151,70 @@ def test_two_shadow_copies_are_independent(sw):
     assert decode(out[0])[1].tolist() == [6] * K
 
 
-def test_generation_bump_treats_old_state_as_empty(model):
+def test_a_reset_changes_the_probes_answer_not_which_runs_are_taken(model):
+    """The installed generation is where a run's join starts; packets carry their run's session generation,
+    so an old run's packets are still summed, under their own tag, and a new run's start afresh."""
     m = model(16)
     m.add_job(job(gen=1))
     m.process(pkt(0, 50, gen=1), src(0))
     m.process(pkt(1, 50, gen=1), src(1))
     m.set_generation(1, 2)
-    assert m.process(pkt(2, 50, gen=1), src(2)) == []  # the old run's packet
-    assert jc(m)["wrong_generation"] == 1
-    m.process(pkt(0, 0, gen=2), src(0))  # chunk 0 < 50, yet a first write: old state is empty
+    probe = make_header(PacketType.PROBE, job=1, worker=0, key=KEY).pack()
+    assert unpack_header(m.process(probe, src(0))[0].payload()).generation == 2
+    out = m.process(pkt(2, 50, gen=1), src(2))  # the old run's last contribution: its own sum
+    assert decode(out[0])[1].tolist() == [6] * K and decode(out[0])[0].generation == 1
+    m.process(pkt(0, 0, gen=2), src(0))  # chunk 0 < 50, yet a first write: the old run's state is empty
     m.process(pkt(1, 0, gen=2), src(1))
     out = m.process(pkt(2, 0, gen=2), src(2))
     assert decode(out[0])[1].tolist() == [6] * K  # nothing of the old run leaked in
+    assert jc(m)["wrong_generation"] == 0 and jc(m)["stale"] == 0
+
+
+def test_any_generation_but_zero_is_a_run_summed_under_its_own_tag(sw):
+    """A session generation the job was never installed with is taken: its tag is (generation, chunk)."""
+    for w in range(2):
+        assert sw.process(pkt(w, 7, [w + 1] * K, gen=0xDEADBEEF), src(w)) == []
+    assert sw.registers(0).tag == 0xDEADBEEF << 32 | 7
+    out = sw.process(pkt(2, 7, [3] * K, gen=0xDEADBEEF), src(2))
+    assert [decode(e)[0].generation for e in out] == [0xDEADBEEF] * 3
+    assert decode(out[0])[1].tolist() == [6] * K
+    assert pending(sw.process(query(1, 7, gen=0xDEADBEEF), src(1))) == (src(1), 0b111)
+    assert pending(sw.process(query(1, 7), src(1))) == (src(1), 0)  # the job's generation: another run, empty
+    assert jc(sw)["wrong_generation"] == 0 and jc(sw)["results_multicast"] == 1
+
+
+def test_generation_zero_is_dropped_even_where_the_copy_powered_up_holding_it(sw):
+    """Every tag powers up as (generation 0, chunk 0): a packet of generation 0 and chunk 0 would read a copy
+    no run used as holding its chunk (a repeat, a result of zeros), so generation 0 is never taken."""
+    before = sw.registers(0)
+    for w in range(3):
+        assert sw.process(pkt(w, 0, gen=0), src(w)) == []
+    assert sw.process(query(0, 0, gen=0), src(0)) == []
+    assert sw.registers(0) == before
+    c = jc(sw)
+    assert (c["wrong_generation"], c["contributions"], c["queries"], c["stale"]) == (4, 0, 0, 0)
+    probe = make_header(PacketType.PROBE, job=1, worker=0, key=KEY).pack()  # a probe's is not checked
+    assert unpack_header(sw.process(probe, src(0))[0].payload()).generation == 9
+
+
+def test_two_runs_on_one_copy_start_it_afresh_by_turns_and_never_mix(sw):
+    """Another generation reads the copy as EMPTY whatever chunk it holds (older or newer): it starts the copy
+    afresh, and the run it displaced starts afresh again when it comes back; neither sum holds the other's."""
+    a, b = 0x0A0A0A0A, 0x0B0B0B0B
+    sw.process(pkt(0, 100, [1] * K, gen=a), src(0))
+    sw.process(pkt(1, 100, [2] * K, gen=a), src(1))
+    assert sw.process(pkt(0, 3, [100] * K, gen=b), src(0)) == []  # an older chunk id, yet another run: fresh
+    assert sw.registers(0)[:3] == (b << 32 | 3, 0b1, 1)
+    sw.process(pkt(1, 3, [200] * K, gen=b), src(1))
+    out = sw.process(pkt(2, 3, [300] * K, gen=b), src(2))
+    assert decode(out[0])[1].tolist() == [600] * K  # b's sum alone
+    assert sw.process(pkt(2, 100, [4] * K, gen=a), src(2)) == []  # a's last one: a fresh copy, not a's sum
+    assert sw.registers(0)[:3] == (a << 32 | 100, 0b100, 1)
+    sw.process(pkt(0, 100, [1] * K, gen=a), src(0))  # a's workers resend what the switch lost to b
+    out = sw.process(pkt(1, 100, [2] * K, gen=a), src(1))
+    assert decode(out[0])[1].tolist() == [7] * K  # a's sum alone
+    c = jc(sw)
+    assert (c["stale"], c["duplicate_pending"], c["wrong_generation"], c["results_multicast"]) == (0, 0, 0, 2)
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -298,15 +350,16 @@ def test_a_query_is_answered_with_the_bitmap_of_the_chunk_and_changes_nothing(sw
     assert jc(sw)["queries"] == 5 and jc(sw)["results_unicast"] == 1
 
 
-def test_a_query_on_a_copy_that_moved_on_is_stale_and_other_runs_are_not_answered(sw):
+def test_a_query_on_a_copy_that_moved_on_is_stale_and_other_runs_read_it_empty(sw):
     sw.process(pkt(0, 7), src(0))
     assert sw.process(query(0, 6), src(0)) == []
     assert pending(sw.process(query(0, 7, copy=1), src(0))) == (src(0), 0)  # the other copy is its own
-    assert sw.process(query(0, 7, gen=8), src(0)) == []
+    assert pending(sw.process(query(0, 6, gen=8), src(0))) == (src(0), 0)  # another run: the copy is empty to it
+    assert sw.process(query(0, 7, gen=0), src(0)) == []
     assert sw.process(query(0, 7, slot=4), src(0)) == []
     assert sw.process(query(0, 7, key=1), src(0)) == []
     c = jc(sw)
-    assert (c["stale"], c["queries"], c["wrong_generation"], c["slot_out_of_range"]) == (1, 1, 1, 1)
+    assert (c["stale"], c["queries"], c["wrong_generation"], c["slot_out_of_range"]) == (1, 2, 1, 1)
     assert sw.counters()["global"]["not_admitted"] == 1
 
 
@@ -388,8 +441,10 @@ def random_traffic(rng, n_packets):
             data = data[: rng.integers(len(data))]  # truncated
         elif roll < 0.08:
             source = ("10.9.9.9", 4000)  # a stranger
+        elif roll < 0.09:
+            data = pkt(worker, chunk, values, **{**kw, "gen": kw["gen"] + 1})  # another run: its own tag
         elif roll < 0.10:
-            data = pkt(worker, chunk, values, **{**kw, "gen": kw["gen"] + 1})  # another run
+            data = pkt(worker, chunk, values, **{**kw, "gen": 0})  # what every tag powers up holding
         elif roll < 0.12:
             data = make_header(PacketType.PROBE, job=j.job_id, worker=worker, key=KEY).pack()
         elif roll < 0.14:

@@ -1,8 +1,9 @@
 /* The state of a slot copy other than its values, in the order one packet touches it (docs/protocol.md
  * section 8, docs/tofino.md): the tag (a generation register, then a chunk register), the workers
  * counted, and the exponent. Each register has one stateful ALU, is read-modify-written at most once
- * per pass, in a stage after every stage it depends on; every register powers up as 0 and generation
- * 0 is never installed, so a copy that holds another generation's tag is empty.
+ * per pass, in a stage after every stage it depends on. A packet carries its run's session generation
+ * (any but 0: every register powers up as 0, so a packet of generation 0 is dropped), and a copy that
+ * holds another generation's tag is empty to it.
  *
  * Each half of a copy's values has its own tag and workers (CopyState, once per pass), and each pass
  * runs the model's state machine on its half. Without a loss both halves go through the same
@@ -21,9 +22,9 @@
 
 control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
                   inout ingress_intrinsic_metadata_for_deparser_t ig_dprsr_md)(bool second_half) {
-    /* The generation the half holds. Another generation (the job's previous runs, another job's,
-     * power-up zeros) means the half is empty: the packet's (the job's) is written and the chunk
-     * stage starts the half afresh. */
+    /* The generation the half holds. Another generation (another run's, another job's, power-up
+     * zeros) means the half is empty: the packet's (its run's) is written and the chunk stage starts
+     * the half afresh. */
     Register<bit<32>, copy_index_t>(SA_NUM_COPIES, 0) tag_generation;
     RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_generation) tag_generation_update = {
         void apply(inout bit<32> value, out bit<8> changed) {
@@ -35,7 +36,7 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
         }
     };
     /* A query's (the first half's): the same test, nothing written. Another generation: the half does
-     * not hold the chunk; the job's: the chunk stage tells. */
+     * not hold the chunk; the packet's: the chunk stage tells. */
     RegisterAction<bit<32>, copy_index_t, bit<8>>(tag_generation) tag_generation_peek = {
         void apply(inout bit<32> value, out bit<8> tag) {
             if (value != hdr.sa.generation) {
@@ -112,9 +113,12 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     }
 
     /* The first half's first stage: admission's verdict on a contribution of K values or a query, in
-     * the model's order (not admitted; another generation than the job's; a slot the job does not
-     * have), as a table that runs the generation stage itself (a query's reads it), so that the tag
-     * starts in the stage after admission. (The second pass was admitted in the first.) */
+     * the model's order (not admitted; generation 0, which every tag powers up holding; a slot the
+     * job does not have), as a table that runs the generation stage itself (a query's reads it), so
+     * that the tag starts in the stage after admission. (The second pass was admitted in the first.)
+     * Its entries are tried in order: an admitted packet of generation 0 is wrong_generation first,
+     * then any generation goes on to the slot check and the generation stage; a packet admission did
+     * not find matches none. */
     action drop_not_admitted() {
         md.count_global = 1;
         md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
@@ -135,7 +139,7 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     table admitted {
         key = {
             md.admitted: ternary;
-            md.generation_diff: ternary;
+            hdr.sa.generation: ternary;
             md.slot_room: ternary;
             md.query: ternary;
         }
@@ -143,12 +147,12 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             check_generation; peek_generation; drop_not_admitted; wrong_generation; slot_out_of_range;
         }
         const entries = {
-            (0, _, _, _): drop_not_admitted();
-            (1, 0, 0, _): slot_out_of_range();
-            (1, 0, _, 0): check_generation();
-            (1, 0, _, 1): peek_generation();
+            (1, 0, _, _): wrong_generation();
+            (1, _, 0, _): slot_out_of_range();
+            (1, _, _, 0): check_generation();
+            (1, _, _, 1): peek_generation();
         }
-        const default_action = wrong_generation();
+        const default_action = drop_not_admitted();
         size = 4;
     }
     action start_chunk() {

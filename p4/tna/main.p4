@@ -194,7 +194,7 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
                 drop_not_admitted();
             } else if (hdr.sa.type == SA_TYPE_PROBE) {
                 probe_reply();
-            } else if (md.generation_diff != 0) {
+            } else if (hdr.sa.generation == 0) {  /* what every tag powers up holding */
                 drop_job(SA_JOB_WRONG_GENERATION);
             } else if (md.slot_room == 0) {
                 drop_job(SA_JOB_SLOT_OUT_OF_RANGE);

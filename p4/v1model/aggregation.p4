@@ -3,8 +3,10 @@
  * register read-modify-written at most once and each stage deciding only from the packet and
  * earlier stages -- what a Tofino stateful ALU can do, so the TNA port is a translation: there each
  * step below is a RegisterAction of its register (bitmap and count a register pair). Registers are
- * indexed by 2 * (slot_base + slot) + copy. Power-up zeros read as empty: generation 0 is never
- * installed. Then the outcome: counted, multicast, unicast back, or dropped, each counted per job.
+ * indexed by 2 * (slot_base + slot) + copy. A packet carries its run's session generation, which the
+ * tag keeps apart from every other run's (another generation's state reads as empty); any generation
+ * but 0 is taken, and power-up zeros read as empty because a packet of generation 0 is dropped. Then
+ * the outcome: counted, multicast, unicast back, or dropped, each counted per job.
  *
  * The tag stage decides whether the chunk is new to the copy (fresh), the one it holds, or older
  * (stale), and the control flow picks the outcome as soon as the stages before it allow, running
@@ -181,13 +183,15 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     }
 
     /* An admitted packet, with the same outcome as SwitchModel.process: the common case (a
-     * contribution of K values of the current generation to a slot of the job) is tested first,
-     * each outcome is decided as soon as the stages before it allow, and the drop reasons are told
-     * apart only off that path, as is a query (of the job's generation and slots: its checks are a
-     * contribution's but the count's), which reads the tag and the workers and writes nothing. A
-     * stale chunk stops after the tag stage, and sets no other field of hdr.local. */
+     * contribution of K values of a run's generation, any but 0, to a slot of the job) is tested
+     * first, each outcome is decided as soon as the stages before it allow, and the drop reasons are
+     * told apart only off that path, as is a query (of a run's generation and the job's slots: its
+     * checks are a contribution's but the count's), which reads the tag and the workers and writes
+     * nothing. A stale chunk stops after the tag stage, and sets no other field of hdr.local. The
+     * generation is not compared with the job's (hdr.local.job holds that for a probe's reply only):
+     * a run's session generation is the workers' choice, and the tag keeps runs apart. */
     apply {
-        if (hdr.vals.isValid() && (hdr.sa.chunk_generation ^ hdr.local.job) & SA_GENERATION_BITS == 0
+        if (hdr.vals.isValid() && hdr.sa.chunk_generation & SA_GENERATION_BITS != 0
                 && hdr.sa.slot < hdr.local.job[63:48]) {
             tag_stage();
             if (hdr.local.fresh == 1) {
@@ -216,7 +220,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             }
         } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_PROBE << 16) {
             probe_reply();
-        } else if ((hdr.sa.chunk_generation ^ hdr.local.job) & SA_GENERATION_BITS != 0) {
+        } else if (hdr.sa.chunk_generation & SA_GENERATION_BITS == 0) {  /* what every tag powers up holding */
             drop_wrong_generation();
         } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();

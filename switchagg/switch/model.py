@@ -65,7 +65,7 @@ class SwitchModel:
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
-        size = 2 * num_slots  # the registers, all zeros: generation 0 is never installed, so every copy is empty
+        size = 2 * num_slots  # the registers, all zeros: no packet of generation 0 is taken, so every copy is empty
         self.tag = [0] * size  # generation << 32 | chunk id
         self.bitmap = [0] * size
         self.count = [0] * size
@@ -98,9 +98,12 @@ class SwitchModel:
         return entry
 
     def set_generation(self, job_id: int, generation: int) -> None:
-        """Reset a job: state of the old generation now reads as empty; no register is swept.
+        """Reset a job: a new installed generation, which probes answer and the workers' join starts from.
 
-        Like the P4 counters, the job's counters outlive the reset.
+        Packets carry their run's session generation, not this one (any but 0 is taken), so a reset
+        does not cut an old run's packets off: runs are kept apart by the tag, where another
+        generation's state reads as empty, and no register is swept. Like the P4 counters, the
+        job's counters outlive the reset.
         """
         entry = dataclasses.replace(self.table.get(job_id), generation=generation)
         self.table.replace(entry)
@@ -126,7 +129,10 @@ class SwitchModel:
         if h.type == PacketType.PROBE:
             counters[JobCounter.PROBES] += 1
             return [Emit(src, h._replace(type=PacketType.PROBE_REPLY, generation=job.generation), None)]
-        if h.generation != job.generation:
+        # Any generation but 0 is a run's: each run (a session the workers agreed on) sums under its own
+        # tag, and another's state reads as EMPTY. 0 is what every tag powers up holding: a packet of
+        # generation 0 and chunk 0 would read a copy no run ever used as holding its chunk.
+        if h.generation == 0:
             counters[JobCounter.WRONG_GENERATION] += 1
             return []
         if h.slot >= job.slot_count:

@@ -68,7 +68,7 @@ const bit<8> SA_TAG_SAME = 2;   /* the chunk the half holds */
 const bit<8> SA_TAG_NONE = 3;   /* not compared (the parser's) */
 /* A query's, which writes nothing (and matches no entry of the values' decision: op NONE); stale as
  * above. */
-const bit<8> SA_TAG_PEEK = 4;    /* the generation stage found the job's: the chunk stage decides */
+const bit<8> SA_TAG_PEEK = 4;    /* the generation stage found the packet's: the chunk stage decides */
 const bit<8> SA_TAG_UNHELD = 5;  /* the half does not hold the chunk: another generation, or an older chunk */
 const bit<8> SA_TAG_HELD = 6;    /* the half holds the chunk: its workers are the answer */
 const bit<8> SA_NOT_CHECKED = 2;  /* md.new_generation where the generation stage did not run */
@@ -97,8 +97,7 @@ struct sa_ingress_metadata_t {
     bit<1>        query;           /* a well-formed query (the parser's verdict, but the IPv4 length) */
     /* admission */
     bit<1>        admitted;
-    bit<32>       generation;      /* the job's */
-    bit<32>       generation_diff; /* the packet's xor the job's: 0 when the packet is of the current run */
+    bit<32>       generation;      /* the job's installed one: what a probe's reply carries */
     bit<16>       slot_room;       /* slot_count - slot, or 0 if the job has no such slot */
     bit<32>       worker_bit;      /* 1 << worker */
     bit<32>       other_workers;   /* the job's other workers: all_workers & ~worker_bit */

@@ -16,7 +16,8 @@ header sa_local_h {
     bit<64>   tag;         /* tag stage: the copy's tag as read, then as written */
     bit<32>   idx;         /* register index: 2 * (slot_base + slot) + copy */
     bit<64>   job;         /* admission: the job's slot count [63:48], multicast group [47:40], workers
-                            * [39:32] (where workers keeps the count) and generation [31:0] */
+                            * [39:32] (where workers keeps the count) and installed generation [31:0]
+                            * (what a probe's reply carries) */
     bit<64>   workers;     /* bitmap and count stages: count [39:32] and bitmap [31:0], as read, then as
                             * written (64 bits wide, to compare with job without a cast) */
     bit<8>    exponent;    /* exponent stage: the maximum the copy holds */
