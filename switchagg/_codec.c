@@ -7,6 +7,7 @@
  *
  * The arithmetic is the codec's (docs/protocol.md section 2), bit for bit: a power-of-two scale in
  * float32, rounding half to even, and a sum converted to float32 before its scaling by 2^-shift.
+ * A chunk whose agreed exponent is EXP_NONFINITE travels as class codes instead (sa_encode_nonfinite).
  * tests/test_codec.py holds these kernels to a plain numpy statement of the same arithmetic.
  *
  * Buffers are byte buffers (the buffer protocol, C-contiguous); the big-endian side may be at any
@@ -116,6 +117,40 @@ void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift) {
     }
 }
 
+/* A marked chunk's class codes: one count per class in its own byte, so that the switch's int32 sum
+ * over up to MAX_WORKERS (32 < 256) workers adds each class's count without a carry into the next. */
+#define CLASS_POS 1u          /* +inf, or a value >= 2^126 */
+#define CLASS_NEG (1u << 8)   /* -inf, or a value <= -2^126 */
+#define CLASS_NAN (1u << 16)  /* NaN */
+#define BITS_INF 0x7f800000u  /* float32 bit patterns, with the sign cleared */
+#define BITS_MARKED 0x7e800000u  /* 2^126: from here on a value is past the codec's range */
+#define BITS_QNAN 0x7fc00000u  /* the one NaN decoding writes (numpy's and torch's default NaN) */
+
+void sa_encode_nonfinite(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t bits, code = 0;
+        memcpy(&bits, x + i, 4);
+        uint32_t mag = bits & 0x7fffffffu;
+        if (mag > BITS_INF)
+            code = CLASS_NAN;
+        else if (mag >= BITS_MARKED)
+            code = bits >> 31 ? CLASS_NEG : CLASS_POS;
+        store_u32(q + 4 * i, swap32(code));
+    }
+    memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+}
+
+void sa_decode_nonfinite(const unsigned char *s, float *y, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v = swap32(load_u32(s + 4 * i));
+        int pos = (v & 0xffu) != 0, neg = (v >> 8 & 0xffu) != 0, nan = (v >> 16 & 0xffu) != 0;
+        /* one sign alone keeps its infinity; anything else is NaN, all-finite positions included,
+         * because their finite sum was never sent */
+        uint32_t bits = nan || pos == neg ? BITS_QNAN : pos ? BITS_INF : BITS_INF | 0x80000000u;
+        memcpy(y + i, &bits, 4);
+    }
+}
+
 static int get_buffers(PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
     if (PyObject_GetBuffer(src, in, PyBUF_SIMPLE) < 0)
         return -1;
@@ -131,6 +166,34 @@ static void release(Py_buffer *in, Py_buffer *out) {
     PyBuffer_Release(out);
 }
 
+/* The floats of `src` and the big-endian values of `dst`, `dst` at least as long; -1 with an
+ * exception set otherwise. */
+static int encode_buffers(const char *name, PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
+    if (get_buffers(src, in, dst, out) < 0)
+        return -1;
+    if (in->len > out->len || in->len % 4 || out->len % 4) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes of floats do not fit %zd bytes of values", name, in->len,
+                     out->len);
+        release(in, out);
+        return -1;
+    }
+    return 0;
+}
+
+/* The big-endian sums of `src` and the floats of `dst`, `src` at least as long; -1 with an
+ * exception set otherwise. */
+static int decode_buffers(const char *name, PyObject *src, Py_buffer *in, PyObject *dst, Py_buffer *out) {
+    if (get_buffers(src, in, dst, out) < 0)
+        return -1;
+    if (in->len < out->len || out->len % 4) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes of sums cannot fill %zd bytes of floats", name, in->len,
+                     out->len);
+        release(in, out);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(quantize_doc,
 "quantize(src, dst, shift)\n\n"
 "float32 ``src`` times 2**shift, rounded half to even, into ``dst`` as big-endian int32; the\n"
@@ -140,16 +203,10 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
     int shift;
     Py_buffer in, out;
-    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || get_buffers(src, &in, dst, &out) < 0)
+    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || encode_buffers("quantize", src, &in, dst, &out) < 0)
         return NULL;
-    Py_ssize_t n = in.len / 4, size = out.len / 4;
-    if (n > size || in.len % 4 || out.len % 4) {
-        release(&in, &out);
-        return PyErr_Format(PyExc_ValueError, "quantize: %zd bytes of floats do not fit %zd bytes of values",
-                            in.len, out.len);
-    }
     Py_BEGIN_ALLOW_THREADS
-    sa_quantize(in.buf, out.buf, n, size, shift);
+    sa_quantize(in.buf, out.buf, in.len / 4, out.len / 4, shift);
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;
@@ -163,25 +220,55 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
     int shift;
     Py_buffer in, out;
-    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || get_buffers(src, &in, dst, &out) < 0)
+    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || decode_buffers("dequantize", src, &in, dst, &out) < 0)
         return NULL;
-    Py_ssize_t n = out.len / 4;
-    if (in.len < out.len || out.len % 4) {
-        release(&in, &out);
-        return PyErr_Format(PyExc_ValueError, "dequantize: %zd bytes of sums cannot fill %zd bytes of floats",
-                            in.len, out.len);
-    }
     Py_BEGIN_ALLOW_THREADS
-    sa_dequantize(in.buf, out.buf, n, shift);
+    sa_dequantize(in.buf, out.buf, out.len / 4, shift);
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(encode_nonfinite_doc,
+"encode_nonfinite(src, dst)\n\n"
+"The class code of each float32 of ``src`` into ``dst`` as big-endian int32, zero-padded: 0 for\n"
+"a finite value below 2**126 in magnitude, 1 for +inf or >= 2**126, 1 << 8 for -inf or <= -2**126,\n"
+"1 << 16 for NaN. What a chunk whose agreed exponent is EXP_NONFINITE carries instead of values.");
+
+static PyObject *encode_nonfinite(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OO", &src, &dst) || encode_buffers("encode_nonfinite", src, &in, dst, &out) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sa_encode_nonfinite(in.buf, out.buf, in.len / 4, out.len / 4);
+    Py_END_ALLOW_THREADS
+    release(&in, &out);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(decode_nonfinite_doc,
+"decode_nonfinite(src, dst)\n\n"
+"Summed class codes ``src`` (big-endian int32) into float32 ``dst`` (as many as ``dst`` holds): +inf\n"
+"where only +inf was counted, -inf where only -inf, NaN everywhere else (a NaN, both infinities,\n"
+"or only finite values, whose sum the marked chunk did not carry).");
+
+static PyObject *decode_nonfinite(PyObject *self, PyObject *args) {
+    PyObject *src, *dst;
+    Py_buffer in, out;
+    if (!PyArg_ParseTuple(args, "OO", &src, &dst) || decode_buffers("decode_nonfinite", src, &in, dst, &out) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sa_decode_nonfinite(in.buf, out.buf, out.len / 4);
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(block_maxabs_doc,
-"block_maxabs(src, k, dst) -> int\n\n"
+"block_maxabs(src, k, dst)\n\n"
 "max|x| of each block of ``k`` float32 of ``src`` into float32 ``dst`` (one per block, the last\n"
-"block may be short). Returns the first block that holds NaN or infinity, or -1.");
+"block may be short); a block holding NaN gets a NaN, one holding an infinity and no NaN gets inf.");
 
 static PyObject *block_maxabs(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
@@ -195,10 +282,10 @@ static PyObject *block_maxabs(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "block_maxabs: %zd bytes in blocks of %zd floats need %zd bytes "
                             "of maxima, not %zd", in.len, k, 4 * blocks, out.len);
     }
-    Py_ssize_t bad = -1;
     Py_BEGIN_ALLOW_THREADS
     /* |x| as the float's bits with the sign cleared: for these, integer order is float order, and
-     * NaN and infinity are exactly the patterns from 0x7f800000 up. Integer maxima vectorise. */
+     * NaN and infinity are exactly the patterns from 0x7f800000 up (NaN's above infinity's), so the
+     * maximum is a NaN where the block holds one. Integer maxima vectorise. */
     const unsigned char *x = in.buf;
     float *m = out.buf;
     for (Py_ssize_t b = 0; b < blocks; b++) {
@@ -211,12 +298,10 @@ static PyObject *block_maxabs(PyObject *self, PyObject *args) {
             best = bits > best ? bits : best;
         }
         memcpy(m + b, &best, 4);
-        if (best >= 0x7f800000 && bad < 0)
-            bad = b;
     }
     Py_END_ALLOW_THREADS
     release(&in, &out);
-    return PyLong_FromSsize_t(bad);
+    Py_RETURN_NONE;
 }
 
 void sa_add_be(unsigned char *acc, const unsigned char *s, Py_ssize_t n) {
@@ -253,6 +338,8 @@ static PyObject *add_be(PyObject *self, PyObject *args) {
 PyMethodDef sa_codec_methods[] = {
     {"quantize", quantize, METH_VARARGS, quantize_doc},
     {"dequantize", dequantize, METH_VARARGS, dequantize_doc},
+    {"encode_nonfinite", encode_nonfinite, METH_VARARGS, encode_nonfinite_doc},
+    {"decode_nonfinite", decode_nonfinite, METH_VARARGS, decode_nonfinite_doc},
     {"block_maxabs", block_maxabs, METH_VARARGS, block_maxabs_doc},
     {"add_be", add_be, METH_VARARGS, add_be_doc},
     {NULL, NULL, 0, NULL},

@@ -16,20 +16,36 @@ float32 rounding of the result. ``docs/protocol.md`` states the same bound and
 the property tests check it. The loops over the values run in :mod:`switchagg._native`
 (C, one pass each); ``tests/test_codec.py`` holds them to a plain numpy statement
 of this arithmetic, bit for bit.
+
+Non-finite values propagate as allreduce does, and never stop one rank alone
+(which would pair its next call with the others' current one). A block holding
+NaN, an infinity, or a magnitude of at least ``2**126`` (past the range a block
+exponent can scale) proposes :data:`~switchagg.wire.EXP_NONFINITE`, the largest
+exponent, so the switch's maximum hands the mark to every rank. A chunk so
+marked travels as *class codes* instead of values (``0`` finite, ``1`` +inf,
+``1 << 8`` -inf, ``1 << 16`` NaN: one byte per class, so the switch's sum over
+up to 32 workers counts each class apart), and decodes to +inf or -inf where
+only that infinity was counted and NaN everywhere else, the positions where
+every rank was finite included: their finite sum cannot share the packet. Every
+rank thus gets inf/NaN in that chunk and finite sums elsewhere, which is what
+``torch.amp.GradScaler`` looks for to skip a step.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from . import _native
-from .errors import QuantizationError
-from .wire import EXP_NONE, Buffer
+from .wire import EXP_NONE, EXP_NONFINITE, Buffer
 
 MIN_EXPONENT = -127  # below this float32 has only denormals; a larger e is still safe
-MAX_EXPONENT = 127
+MAX_EXPONENT = EXP_NONFINITE - 1  # 126: the largest a finite block proposes; 127 is the mark
+NONFINITE_FROM = 2.0**MAX_EXPONENT  # a magnitude from here on cannot be scaled: its block is marked
+# The class codes of a marked chunk (EXP_NONFINITE), one byte each, so 32 workers' sums stay apart.
+CLASS_POS, CLASS_NEG, CLASS_NAN = 1, 1 << 8, 1 << 16
 
 
 def ceil_log2(n: int) -> int:
@@ -45,30 +61,27 @@ def scale_shift(exponent: int, n_workers: int) -> int:
 
 
 def error_bound(exponent: int, n_workers: int) -> float:
-    """Largest quantization error of a summed element: ``n * 0.5 / s``."""
+    """Largest quantization error of a summed element: ``n * 0.5 / s``; none (inf) for a marked chunk,
+    whose positions all decode to inf or NaN."""
+    if exponent == EXP_NONFINITE:
+        return math.inf
     return n_workers * 0.5 * 2.0 ** -scale_shift(exponent, n_workers)
 
 
 def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
     """One proposed exponent per block of ``k`` values of a float32 vector.
 
-    Raises :class:`QuantizationError` on NaN or infinity: a gradient like that
-    would otherwise become silent garbage in every worker's sum.
+    Never raises for the values: a block holding NaN, an infinity or a magnitude
+    of at least ``2**126`` proposes :data:`~switchagg.wire.EXP_NONFINITE`, so that
+    every rank's call goes on and gets inf/NaN there (an error raised here, on
+    one rank only, would leave the ranks' calls paired wrongly from then on).
     """
     maxabs = np.empty(-(-flat.size // k), dtype=np.float32)
-    bad = _native.block_maxabs(flat, k, maxabs)
-    if bad >= 0:
-        raise QuantizationError(
-            f"block {bad} (elements {bad * k}..{min((bad + 1) * k, flat.size) - 1}) holds NaN "
-            "or infinity; fix the computation that produced it (e.g. lower the learning rate "
-            "or enable gradient clipping) before reducing")
+    _native.block_maxabs(flat, k, maxabs)  # NaN where a block holds one, inf where an infinity
     exps = np.frexp(maxabs)[1]
-    if exps.max(initial=MIN_EXPONENT) > MAX_EXPONENT:
-        raise QuantizationError(
-            "a value of magnitude >= 2**127 cannot be quantized to int32 blocks; "
-            "scale the tensor down before reducing")
-    np.maximum(exps, MIN_EXPONENT, out=exps)
+    np.clip(exps, MIN_EXPONENT, MAX_EXPONENT, out=exps)
     exps[maxabs == 0] = EXP_NONE
+    exps[~(maxabs < NONFINITE_FROM)] = EXP_NONFINITE  # NaN compares false
     return exps.astype(np.int8)
 
 
@@ -76,15 +89,26 @@ def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) 
     """Float32 ``block`` into ``out``, K big-endian int32 (the packet's values, zero-padded).
 
     One pass, no temporaries (:mod:`switchagg._native`): ``out`` is usually the
-    very buffer the packet is sent from.
+    very buffer the packet is sent from. Under :data:`~switchagg.wire.EXP_NONFINITE`
+    the values are the block's class codes instead (module docstring).
     """
-    _native.quantize(block, out, scale_shift(exponent, n_workers))
+    if exponent == EXP_NONFINITE:
+        _native.encode_nonfinite(block, out)
+    else:
+        _native.quantize(block, out, scale_shift(exponent, n_workers))
     return out
 
 
 def dequantize(sums: Buffer, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
-    """Summed big-endian int32 into float32 ``out`` (its size picks how many), in one pass."""
-    _native.dequantize(sums, out, scale_shift(exponent, n_workers))
+    """Summed big-endian int32 into float32 ``out`` (its size picks how many), in one pass.
+
+    Under :data:`~switchagg.wire.EXP_NONFINITE` the sums are class counts, which
+    decode to +inf, -inf or NaN (module docstring).
+    """
+    if exponent == EXP_NONFINITE:
+        _native.decode_nonfinite(sums, out)
+    else:
+        _native.dequantize(sums, out, scale_shift(exponent, n_workers))
     return out
 
 

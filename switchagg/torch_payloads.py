@@ -4,7 +4,8 @@ CPU tensors take the numpy path (:func:`tensor_to_flat`). Tensors on a GPU
 stay there: :class:`TorchPayloads` computes block exponents and quantizes with
 torch ops on the device, stages each chunk's int32 values through pinned host
 memory, and dequantizes the sums back on the device, with the same arithmetic
-as :mod:`switchagg.codec` (power-of-two scales, round half to even), so a GPU
+as :mod:`switchagg.codec` (power-of-two scales, round half to even, and the
+class codes of a chunk marked :data:`~switchagg.wire.EXP_NONFINITE`), so a GPU
 worker and a CPU worker put the very same bits on the wire.
 """
 
@@ -16,9 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .codec import MAX_EXPONENT, MIN_EXPONENT, encode_int32, scale_shift
-from .errors import QuantizationError
-from .wire import EXP_NONE, VALUE_DTYPE, Buffer
+from .codec import (
+    CLASS_NAN,
+    CLASS_NEG,
+    CLASS_POS,
+    MAX_EXPONENT,
+    MIN_EXPONENT,
+    NONFINITE_FROM,
+    encode_int32,
+    scale_shift,
+)
+from .wire import EXP_NONE, EXP_NONFINITE, VALUE_DTYPE, Buffer
 
 
 def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any]]:
@@ -48,6 +57,19 @@ def _times_pow2(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x * (2.0 ** half)) * (2.0 ** (k - half))
 
 
+def _decode_classes(counts: torch.Tensor) -> torch.Tensor:
+    """Summed class codes into floats, as codec.dequantize decodes them: an infinity where only that
+    sign was counted, NaN everywhere else (a NaN, both signs, or only finite values: no finite sum
+    travelled in the chunk)."""
+    pos = (counts & 0xFF) != 0
+    neg = ((counts >> 8) & 0xFF) != 0
+    nan = ((counts >> 16) & 0xFF) != 0
+    out = torch.full(counts.shape, float("nan"), dtype=torch.float32, device=counts.device)
+    out[pos & ~neg & ~nan] = float("inf")
+    out[neg & ~pos & ~nan] = float("-inf")
+    return out
+
+
 class TorchPayloads:
     """A float tensor on any device, quantized there chunk by chunk (the GPU path)."""
 
@@ -67,19 +89,11 @@ class TorchPayloads:
             return np.zeros(0, dtype=np.int8)
         padded = torch.zeros(n_blocks * self.k, dtype=torch.float32, device=self.device)
         padded[: self.flat.numel()] = self.flat
-        maxabs = padded.view(n_blocks, self.k).abs().amax(dim=1)
-        finite = bool(torch.isfinite(maxabs).all())
-        if not finite:
-            bad = int(torch.nonzero(~torch.isfinite(maxabs))[0])
-            raise QuantizationError(
-                f"block {bad} (elements {bad * self.k}..) holds NaN or infinity; fix the computation that "
-                "produced it (e.g. lower the learning rate or enable gradient clipping) before reducing")
+        maxabs = padded.view(n_blocks, self.k).abs().amax(dim=1)  # amax propagates NaN
         exps = torch.frexp(maxabs).exponent.to(torch.int32)
-        if int(exps.max()) > MAX_EXPONENT:
-            raise QuantizationError("a value of magnitude >= 2**127 cannot be quantized to int32 blocks; "
-                                    "scale the tensor down before reducing")
-        exps = torch.clamp(exps, min=MIN_EXPONENT)
+        exps = torch.clamp(exps, min=MIN_EXPONENT, max=MAX_EXPONENT)
         exps[maxabs == 0] = EXP_NONE
+        exps[~(maxabs < NONFINITE_FROM)] = EXP_NONFINITE  # as codec.propose_exponents: NaN compares false
         return exps.to(torch.int8).cpu().numpy()
 
     def proposals(self) -> np.ndarray:
@@ -87,7 +101,12 @@ class TorchPayloads:
 
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
         block = self.flat[chunk * self.k:(chunk + 1) * self.k]
-        q = torch.round(_times_pow2(block, scale_shift(exponent, self.n))).to(torch.int32)
+        if exponent == EXP_NONFINITE:  # class codes, as codec.quantize writes them
+            q = ((block >= NONFINITE_FROM).to(torch.int32) * CLASS_POS
+                 + (block <= -NONFINITE_FROM).to(torch.int32) * CLASS_NEG
+                 + torch.isnan(block).to(torch.int32) * CLASS_NAN)
+        else:
+            q = torch.round(_times_pow2(block, scale_shift(exponent, self.n))).to(torch.int32)
         self._stage[: q.numel()].copy_(q)  # device -> pinned host, synchronous
         encode_int32(self._stage_np[: q.numel()], out)
 
@@ -95,8 +114,11 @@ class TorchPayloads:
         part = self.out[chunk * self.k:(chunk + 1) * self.k]
         size = part.numel()
         self._stage_np[:size] = np.frombuffer(sums, VALUE_DTYPE, count=size)  # wire -> native int32, pinned
-        values = self._stage[:size].to(self.device, non_blocking=True).float()
-        part.copy_(_times_pow2(values, -scale_shift(exponent, self.n)))
+        values = self._stage[:size].to(self.device, non_blocking=True)
+        if exponent == EXP_NONFINITE:
+            part.copy_(_decode_classes(values))
+        else:
+            part.copy_(_times_pow2(values.float(), -scale_shift(exponent, self.n)))
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the staging buffer is reused next
 

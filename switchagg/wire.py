@@ -21,6 +21,9 @@ VERSION = 1
 UDP_PORT = 16711  # 0x4147, "AG": the switch's port; workers use any port.
 MAX_WORKERS = 32  # the width of the worker bitmap
 EXP_NONE = -128  # "no exponent": an all-zero block, or no next chunk on the slot
+# A block proposing EXP_NONFINITE holds NaN, +-inf, or a magnitude >= 2**126 (past the codec's range).
+# The switch keeps the max of the proposals, so one rank's mark reaches every rank with no switch change.
+EXP_NONFINITE = 127
 IP_UDP_OVERHEAD = 20 + 8
 P4_VALUES_PER_PACKET = 64  # what one pass of the P4 program sums
 MAX_VALUES_PER_PACKET = (65535 - IP_UDP_OVERHEAD - 24) // 4  # 16370: the largest K an IPv4 datagram holds

@@ -1,5 +1,6 @@
-"""Block floating point: the documented error bound holds, int32 never overflows, and the C
-kernels compute exactly the documented arithmetic (a plain numpy statement of it, here)."""
+"""Block floating point: the documented error bound holds, int32 never overflows, the C kernels
+compute exactly the documented arithmetic (a plain numpy statement of it, here), and non-finite
+values mark their chunk, which every rank then decodes to the same inf/NaN."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from switchagg import _native, codec
-from switchagg.errors import QuantizationError
-from switchagg.wire import EXP_NONE, VALUE_DTYPE
+from switchagg.wire import EXP_NONE, EXP_NONFINITE, MAX_WORKERS, VALUE_DTYPE
 
 K = 16
 _LIM = float(np.float32(1e37))  # 32 workers times this still fits a float32 sum
@@ -73,17 +73,37 @@ def test_denormals_and_huge_values():
     assert codec.propose_exponents(tiny, K)[0] == codec.MIN_EXPONENT
     out, bound = roundtrip([tiny, tiny])
     assert np.all(np.abs(out - 2e-44) <= bound + 1e-45)
-    huge = np.full(K, 2e38, np.float32)  # >= 2**127
-    with pytest.raises(QuantizationError, match="2\\*\\*127"):
-        codec.propose_exponents(huge, K)
+    below = np.full(K, np.nextafter(np.float32(2.0**126), np.float32(0)), np.float32)
+    assert codec.propose_exponents(below, K)[0] == codec.MAX_EXPONENT == 126  # the largest finite proposal
+    out, bound = roundtrip([below, -below, below])
+    assert np.all(np.abs(out.astype(np.float64) - float(below[0])) <= bound)
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nan_and_inf_are_clear_errors(bad):
-    x = np.ones(3 * K, np.float32)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 2.0**126, -(2.0**127), 3e38, -np.float32(np.nan)])
+def test_a_block_with_nonfinite_or_unscalable_values_proposes_the_mark(bad):
+    """No error on one rank alone (that would shift every later call's pairing): the block is marked,
+    and the switch's maximum over the proposals carries the mark to every rank."""
+    x = np.ones(3 * K + 5, np.float32)
     x[K + 2] = bad
-    with pytest.raises(QuantizationError, match="block 1 .*NaN or infinity"):
-        codec.propose_exponents(x, K)
+    x[3 * K + 4] = bad  # the short last block too
+    x[2 * K:3 * K] = 0
+    assert codec.propose_exponents(x, K).tolist() == [1, EXP_NONFINITE, EXP_NONE, EXP_NONFINITE]
+    assert np.max([codec.propose_exponents(np.ones_like(x), K), codec.propose_exponents(x, K)],
+                  axis=0).tolist()[1] == EXP_NONFINITE
+
+
+def test_nan_in_a_block_is_marked_whatever_else_it_holds():
+    """block_maxabs compares bit patterns, so a NaN wins over an infinity and over any number."""
+    x = np.array([np.inf, np.nan, -3.0, 1e-40], np.float32)
+    for order in ([0, 1, 2, 3], [1, 0, 3, 2], [2, 3, 1, 0]):
+        maxabs = np.empty(1, np.float32)
+        _native.block_maxabs(x[order], 4, maxabs)
+        assert np.isnan(maxabs[0])
+    assert codec.propose_exponents(x, 4).tolist() == [EXP_NONFINITE]
+
+
+def test_a_marked_chunk_has_no_error_bound():
+    assert codec.error_bound(EXP_NONFINITE, 4) == np.inf and codec.error_bound(codec.MAX_EXPONENT, 4) < np.inf
 
 
 def test_zero_blocks_quantize_to_zero():
@@ -118,9 +138,30 @@ def reference_dequantize(sums: np.ndarray, exponent: int, n: int) -> np.ndarray:
 
 def reference_exponents(x: np.ndarray, k: int) -> np.ndarray:
     maxabs = np.array([np.abs(x[i:i + k]).max() for i in range(0, x.size, k)], np.float32)
-    exps = np.maximum(np.frexp(maxabs)[1], codec.MIN_EXPONENT)
+    exps = np.clip(np.frexp(maxabs)[1], codec.MIN_EXPONENT, 126)
     exps[maxabs == 0] = EXP_NONE
+    exps[np.isnan(maxabs) | (maxabs >= 2.0**126)] = EXP_NONFINITE
     return exps
+
+
+def reference_encode_nonfinite(block: np.ndarray, k: int) -> np.ndarray:
+    """The class codes of a marked chunk: 1 for +inf or >= 2**126, 1 << 8 for -inf or <= -2**126,
+    1 << 16 for NaN, 0 for the rest and for the padding."""
+    with np.errstate(invalid="ignore"):
+        codes = ((block >= 2.0**126) * 1 + (block <= -(2.0**126)) * (1 << 8) + np.isnan(block) * (1 << 16))
+    wire = np.zeros(k, VALUE_DTYPE)
+    wire[: block.size] = codes
+    return wire
+
+
+def reference_decode_nonfinite(sums: np.ndarray) -> np.ndarray:
+    """Counts into floats: an infinity where only that sign was counted, NaN everywhere else."""
+    sums = sums.astype(np.int64)
+    pos, neg, nan = (sums & 0xFF) > 0, ((sums >> 8) & 0xFF) > 0, ((sums >> 16) & 0xFF) > 0
+    out = np.full(sums.size, np.nan, np.float32)
+    out[pos & ~neg & ~nan] = np.inf
+    out[neg & ~pos & ~nan] = -np.inf
+    return out
 
 
 # Magnitudes from denormals to 2**120 (32 of them still sum to a float32), so every branch of the
@@ -153,6 +194,100 @@ def test_block_exponents_match_numpy(x, k):
     assert codec.propose_exponents(x, k).tolist() == reference_exponents(x, k).tolist()
 
 
+# Every float32 bit pattern (NaNs of any sign and payload, infinities, the top binade, denormals),
+# mostly ordinary values, so that marked and unmarked blocks both come up.
+any_bits = st.one_of(st.integers(0, 2**32 - 1),
+                     st.sampled_from([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7E800000, 0xFE800000,
+                                      0x7E7FFFFF, 0xFE7FFFFF, 0x7F7FFFFF]),
+                     st.floats(-1e6, 1e6, width=32).map(lambda f: int(np.float32(f).view(np.uint32))))
+
+
+def bits_array(size) -> st.SearchStrategy[np.ndarray]:
+    return hnp.arrays(np.uint32, size, elements=any_bits).map(lambda a: a.view(np.float32))
+
+
+@settings(max_examples=100, deadline=None)
+@given(bits_array(st.integers(1, 200)), st.integers(1, 64))
+def test_block_exponents_match_numpy_for_any_bits(x, k):
+    assert codec.propose_exponents(x, k).tolist() == reference_exponents(x, k).tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(bits_array(st.integers(0, 40)), st.integers(0, 3), st.integers(0, 3))
+def test_class_codes_match_the_numpy_statement_bit_for_bit(block, pad, offset):
+    k = block.size + pad
+    raw = np.full(4 * k + offset, 0xAB, np.uint8)  # at any byte offset, as in a send buffer
+    wire = raw[offset:].view(VALUE_DTYPE)
+    codec.quantize(block, EXP_NONFINITE, 3, wire)
+    assert np.array_equal(wire, reference_encode_nonfinite(block, k))  # the padding included
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, MAX_WORKERS).flatmap(lambda n: st.lists(
+    bits_array(st.shared(st.integers(1, 40), key="size")), min_size=n, max_size=n)), st.integers(0, 3))
+def test_summed_class_codes_decode_as_the_numpy_statement(xs, offset):
+    """n workers' codes, summed in int32 like the switch, decode bit for bit as numpy states it,
+    into the same NaN (0x7fc00000) on every machine."""
+    k = xs[0].size
+    total = np.sum([codec.quantize(x, EXP_NONFINITE, len(xs), np.empty(k, VALUE_DTYPE)) for x in xs], axis=0)
+    raw = np.zeros(4 * k + offset, np.uint8)
+    sums = raw[offset:].view(VALUE_DTYPE)
+    sums[:] = total
+    out = np.empty(k, np.float32)
+    codec.dequantize(sums, EXP_NONFINITE, len(xs), out)
+    assert np.array_equal(out.view(np.uint32), reference_decode_nonfinite(total).view(np.uint32))
+    assert set(out[np.isnan(out)].view(np.uint32).tolist()) <= {0x7FC00000}
+
+
+def _classes(**counts: int) -> np.ndarray:
+    """One position's summed code: counts of +inf, -inf and NaN workers."""
+    return np.array([counts.get("pos", 0) + (counts.get("neg", 0) << 8) + (counts.get("nan", 0) << 16)],
+                    VALUE_DTYPE)
+
+
+@pytest.mark.parametrize(("counts", "expected"), [
+    ({}, np.nan),  # every worker finite: the finite sum was not carried
+    ({"pos": 1}, np.inf),
+    ({"pos": MAX_WORKERS}, np.inf),
+    ({"neg": 3}, -np.inf),
+    ({"neg": MAX_WORKERS}, -np.inf),
+    ({"nan": 1}, np.nan),
+    ({"nan": MAX_WORKERS}, np.nan),
+    ({"pos": 1, "neg": 1}, np.nan),  # inf + -inf
+    ({"pos": 2, "nan": 1}, np.nan),
+    ({"neg": 1, "nan": 1}, np.nan),
+    ({"pos": 10, "neg": 11, "nan": 11}, np.nan),
+])
+def test_decode_rules(counts, expected):
+    out = codec.dequantize(_classes(**counts), EXP_NONFINITE, MAX_WORKERS, np.empty(1, np.float32))
+    assert out.view(np.uint32)[0] == np.float32(expected).view(np.uint32)
+
+
+def test_marked_chunks_reach_every_rank_and_the_rest_stay_finite():
+    """Four ranks, one with an inf, one with a NaN, one with a huge value, in different blocks: every
+    rank decodes the same result, inf/NaN in the marked chunks' positions, bounded sums elsewhere."""
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(5 * K + 3).astype(np.float32) for _ in range(4)]
+    xs[0][3] = np.inf  # chunk 0: only +inf
+    xs[1][K + 1] = np.nan  # chunk 1: NaN
+    xs[2][2 * K] = -(2.0**127)  # chunk 2: only "-inf", from a value past the range
+    xs[3][5 * K + 2] = np.inf  # the short last chunk: +inf and ...
+    xs[0][5 * K + 2] = -np.inf  # ... -inf at the same position
+    out, bound = roundtrip(xs)
+    exps = np.max([codec.propose_exponents(x, K) for x in xs], axis=0)
+    assert exps[[0, 1, 2, 5]].tolist() == [EXP_NONFINITE] * 4 and max(exps[3:5]) <= codec.MAX_EXPONENT
+    expected = np.full(out.size, np.nan, np.float32)
+    expected[3] = np.inf
+    expected[2 * K] = -np.inf
+    finite = slice(3 * K, 5 * K)
+    exact = np.sum([x[finite].astype(np.float64) for x in xs], axis=0)
+    expected[finite] = exact
+    assert np.array_equal(np.isnan(out), np.isnan(expected))
+    assert out[3] == np.inf and out[2 * K] == -np.inf and np.isnan(out[5 * K + 2])
+    assert np.all(np.abs(out[finite] - exact) <= bound[finite] + np.abs(exact) * 2.0**-23)
+    assert np.all(bound[:3 * K] == np.inf) and np.all(bound[5 * K:] == np.inf)
+
+
 @settings(max_examples=100, deadline=None)
 @given(hnp.arrays(np.int32, st.integers(1, 40)), hnp.arrays(np.int32, st.integers(1, 40)))
 def test_switch_add_wraps_like_int32(a, b):
@@ -167,6 +302,10 @@ def test_kernels_refuse_buffers_that_do_not_fit():
         codec.quantize(np.ones(9, np.float32), 1, 2, np.empty(8, VALUE_DTYPE))
     with pytest.raises(ValueError, match="cannot fill"):
         codec.dequantize(np.ones(4, VALUE_DTYPE), 1, 2, np.empty(8, np.float32))
+    with pytest.raises(ValueError, match="encode_nonfinite: .*do not fit"):
+        codec.quantize(np.ones(9, np.float32), EXP_NONFINITE, 2, np.empty(8, VALUE_DTYPE))
+    with pytest.raises(ValueError, match="decode_nonfinite: .*cannot fill"):
+        codec.dequantize(np.ones(4, VALUE_DTYPE), EXP_NONFINITE, 2, np.empty(8, np.float32))
     with pytest.raises(ValueError, match="added"):
         _native.add_be(np.zeros(4, VALUE_DTYPE), np.zeros(3, VALUE_DTYPE))
     frozen = np.zeros(4, VALUE_DTYPE)
