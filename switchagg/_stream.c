@@ -69,7 +69,11 @@ typedef struct {
     int ask_first;  /* StreamParams.ask_first */
     uint32_t all;  /* a PENDING's bitmap of a finished sum: every worker's bit */
     Py_ssize_t slots, k, n_chunks, rounds, total, numel;
-    /* per entry t (exponent round, then data chunks) */
+    /* The call round (switchagg.calls): this rank's values, the sum they must come back as, and the
+     * sum that came back instead, which ends the call before any data goes (mismatch set). */
+    unsigned char *call_row, *expect, *mismatch_row;
+    int mismatch;
+    /* per entry t (call round, then data chunks) */
     uint8_t *done, *in_flight;
     uint8_t *state;  /* SENT, ASKED or WAITING (protocol.py) */
     int8_t *agreed;
@@ -397,7 +401,7 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
 }
 
 static int fill(Stream *s, double now) {
-    while (s->next < s->total && s->n_in_flight < win_size(&s->w)) {
+    while (!s->mismatch && s->next < s->total && s->n_in_flight < win_size(&s->w)) {
         Py_ssize_t prev = prev_of(s, s->next);
         if (prev >= 0 && !s->done[prev])
             break;
@@ -428,19 +432,23 @@ static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int 
 static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
     int proposal = EXP_NONE;
     if (t < s->rounds)
-        proposal = s->proposals[t];
+        proposal = s->floats && t < s->n_chunks ? s->proposals[t] : EXP_NONE;
     else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
         proposal = s->proposals[t - s->rounds + s->slots];
     write_header(s, t, row, TYPE_CONTRIB, proposal);
     unsigned char *values = row + HEADER_SIZE;
-    if (t < s->rounds) {  /* the exponent round carries zeros */
-        memset(values, 0, 4 * (size_t)s->k);
+    if (t < s->rounds) {  /* the call round carries the descriptors */
+        memcpy(values, s->call_row, 4 * (size_t)s->k);
         return;
     }
     Py_ssize_t d = t - s->rounds, start = d * s->k;
     Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
     if (s->floats) {
-        sa_quantize((const float *)s->x.buf + start, values, n, s->k, shift_for(s, exponent_used(s, t)));
+        int e = exponent_used(s, t);
+        if (e == EXP_NONFINITE)  /* some rank's chunk held NaN or infinity: class codes, not values */
+            sa_encode_nonfinite((const float *)s->x.buf + start, values, n, s->k);
+        else
+            sa_quantize((const float *)s->x.buf + start, values, n, s->k, shift_for(s, e));
         return;
     }
     const int32_t *x = (const int32_t *)s->x.buf + start;
@@ -557,11 +565,20 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     s->done[t] = 1;
     s->n_done++;
     s->agreed[t] = (int8_t)p[OFF_EXPONENT];
-    if (t >= s->rounds) {
+    if (t < s->rounds) {
+        if (!s->mismatch && memcmp(p + HEADER_SIZE, s->expect, 4 * (size_t)s->k) != 0) {
+            s->mismatch = 1;
+            memcpy(s->mismatch_row, p + HEADER_SIZE, 4 * (size_t)s->k);
+        }
+    } else {
         Py_ssize_t start = (t - s->rounds) * s->k;
         Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
         if (s->floats) {
-            sa_dequantize(p + HEADER_SIZE, (float *)s->out.buf + start, n, shift_for(s, exponent_used(s, t)));
+            int e = exponent_used(s, t);
+            if (e == EXP_NONFINITE)
+                sa_decode_nonfinite(p + HEADER_SIZE, (float *)s->out.buf + start, n);
+            else
+                sa_dequantize(p + HEADER_SIZE, (float *)s->out.buf + start, n, shift_for(s, e));
         } else {
             int32_t *out = (int32_t *)s->out.buf + start;
             for (Py_ssize_t i = 0; i < n; i++)
@@ -768,8 +785,9 @@ static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
 static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
-                             "progress_timeout", "started", "ask_first", NULL};
-    PyObject *window, *x, *out, *proposals, *copy0;
+                             "progress_timeout", "started", "ask_first", "call_row", "expect", NULL};
+    PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None;
+    Py_buffer call_row = {0}, expect = {0};
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
     Py_ssize_t k, n_chunks, rounds;
@@ -779,13 +797,24 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|p", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOO", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
-                                     &rounds, &first_id, &now, &progress_timeout, &started, &ask_first))
+                                     &rounds, &first_id, &now, &progress_timeout, &started, &ask_first,
+                                     &call_obj, &expect_obj))
         return -1;
+    /* No call round (None, None): int32 data alone, as the join's sums run. */
+    int has_call = call_obj != Py_None;
+    if (has_call && (PyObject_GetBuffer(call_obj, &call_row, PyBUF_SIMPLE) < 0
+                     || PyObject_GetBuffer(expect_obj, &expect, PyBUF_SIMPLE) < 0)) {
+        PyBuffer_Release(&call_row);
+        return -1;
+    }
     Py_buffer copies;
-    if (PyObject_GetBuffer(copy0, &copies, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(copy0, &copies, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&call_row);
+        PyBuffer_Release(&expect);
         return -1;
+    }
     s->slots = copies.len;
     s->floats = proposals != Py_None;
     s->window = Py_NewRef(window);
@@ -814,15 +843,20 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         goto done;
     s->numel = s->x.len / 4;
     if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4 || s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k
-            || rounds != (s->floats ? (s->slots < n_chunks ? s->slots : n_chunks) : 0)) {
+            || rounds != (!has_call ? 0 : n_chunks < 1 ? 1 : s->slots < n_chunks ? s->slots : n_chunks)
+            || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
-                        "of values_per_packet, and rounds = min(slots, n_chunks) for floats, else 0");
+                        "of values_per_packet, rounds = max(1, min(slots, n_chunks)) with a call round (call_row "
+                        "and expect K values each), else 0, and floats need one");
         goto done;
     }
     if (win_load(s) < 0)
         goto done;
     size_t total = (size_t)s->total + 1;
     s->copy0 = malloc((size_t)s->slots);
+    s->call_row = malloc(4 * (size_t)k);
+    s->expect = malloc(4 * (size_t)k);
+    s->mismatch_row = malloc(4 * (size_t)k);
     s->proposals = malloc((size_t)n_chunks + 1);
     s->done = calloc(total, 1);
     s->in_flight = calloc(total, 1);
@@ -844,12 +878,16 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
-    if (!s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->state || !s->agreed || !s->retries || !s->last_send
+    if (!s->call_row || !s->expect || !s->mismatch_row || !s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->state || !s->agreed || !s->retries || !s->last_send
             || !s->first_send) {
         PyErr_NoMemory();
         goto done;
     }
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
+    if (has_call) {
+        memcpy(s->call_row, call_row.buf, 4 * (size_t)k);
+        memcpy(s->expect, expect.buf, 4 * (size_t)k);
+    }
     memset(s->agreed, (unsigned char)(int8_t)EXP_NONE, total);
     if (s->floats) {
         Py_buffer p;
@@ -870,6 +908,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->ready = rc == 0;
 done:
     PyBuffer_Release(&copies);
+    PyBuffer_Release(&call_row);
+    PyBuffer_Release(&expect);
     return rc;
 }
 
@@ -880,6 +920,9 @@ static void Stream_dealloc(Stream *s) {
     if (s->out.obj)
         PyBuffer_Release(&s->out);
     free(s->copy0);
+    free(s->call_row);
+    free(s->expect);
+    free(s->mismatch_row);
     free(s->proposals);
     free(s->done);
     free(s->in_flight);
@@ -901,7 +944,12 @@ static void Stream_dealloc(Stream *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-static PyObject *get_done(Stream *s, void *c) { return PyBool_FromLong(s->n_done == s->total); }
+static PyObject *get_done(Stream *s, void *c) { return PyBool_FromLong(s->n_done == s->total || s->mismatch); }
+static PyObject *get_mismatch(Stream *s, void *c) {
+    if (!s->mismatch)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)s->mismatch_row, 4 * s->k);
+}
 static PyObject *get_started(Stream *s, void *c) { return PyBool_FromLong(s->started); }
 static PyObject *get_n_done(Stream *s, void *c) { return PyLong_FromSsize_t(s->n_done); }
 static PyObject *get_total(Stream *s, void *c) { return PyLong_FromSsize_t(s->total); }
@@ -912,11 +960,12 @@ static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDoub
 static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
 
 static PyGetSetDef Stream_getset[] = {
-    {"done", (getter)get_done, NULL, "every packet's result is in", NULL},
+    {"done", (getter)get_done, NULL, "every packet's result is in, or the call round ended the call", NULL},
+    {"mismatch", (getter)get_mismatch, NULL, "the call round's sum where it showed other calls than this one, else None", NULL},
     {"started", (getter)get_started, NULL, "a result ever came back (this call or, as given, an earlier one)", NULL},
     {"n_done", (getter)get_n_done, NULL, NULL, NULL},
-    {"total", (getter)get_total, NULL, "packets of the call: the exponent round and the data chunks", NULL},
-    {"rounds", (getter)get_rounds, NULL, "packets of the exponent round", NULL},
+    {"total", (getter)get_total, NULL, "packets of the call: the call round and the data chunks", NULL},
+    {"rounds", (getter)get_rounds, NULL, "packets of the call round", NULL},
     {"retransmissions", (getter)get_retransmissions, NULL, "contributions sent again", NULL},
     {"queries", (getter)get_queries, NULL, "QUERY packets sent", NULL},
     {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},
@@ -955,10 +1004,10 @@ int sa_add_stream_type(PyObject *module) {
         "version", OFF_VERSION, 1, "type", OFF_TYPE, 1, "flags", OFF_FLAGS, 1, "worker", OFF_WORKER, 1,
         "job", OFF_JOB, 2, "slot", OFF_SLOT, 2, "chunk", OFF_CHUNK, 4, "generation", OFF_GENERATION, 4,
         "key", OFF_KEY, 4, "exponent", OFF_EXPONENT, 1, "reserved", OFF_RESERVED, 1, "count", OFF_COUNT, 2);
-    PyObject *wire = Py_BuildValue("{sisisisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
+    PyObject *wire = Py_BuildValue("{sisisisisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
                                    "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
                                    "PROBE_REPLY", TYPE_PROBE_REPLY, "QUERY", TYPE_QUERY, "PENDING", TYPE_PENDING,
-                                   "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE,
+                                   "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
     PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,

@@ -16,6 +16,7 @@
 #define TYPE_PENDING 6
 #define FLAG_COPY 1
 #define EXP_NONE (-128)
+#define EXP_NONFINITE 127  /* wire.EXP_NONFINITE: a chunk that held NaN or infinity on some rank */
 #define MAX_WORKERS 32
 
 /* Byte offsets of the fields (version, type, flags, worker, exponent and reserved are one byte;

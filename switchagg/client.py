@@ -3,7 +3,9 @@
 The client owns one UDP socket and one background thread. Calls are queued and
 run in order on that thread (an allreduce is a collective: every worker must
 issue the same calls in the same order), each as a :class:`~switchagg.protocol.Reduction`
-driven by the socket and the clock.
+driven by the socket and the clock. Before its first call the client joins its peers in a
+session of their own (:mod:`switchagg.session`), and every call begins with a call round
+(:mod:`switchagg.calls`) that every rank checks before any data moves.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from . import calls
+from .calls import CallDescriptor
 from .config import JobConfig
-from .errors import ClosedError, ConfigError, JobNotStarted, StallError, SwitchAggError
-from .payloads import Prepared, array_payloads, check_op, flat_payloads, is_tensor
+from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, StallError, SwitchAggError
+from .payloads import Int32Payloads, Prepared, array_payloads, check_op, flat_payloads, is_tensor
 from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .scheduling import batch_scheduling
+from .session import Join
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
 from .wire import (
@@ -38,6 +43,16 @@ from .wire import (
 _U32 = 0xFFFFFFFF
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
 _ASK_WAIT = 0.15  # s: how long a stalled call waits for the switch's answers to its QUERYs, twice
+_WAKE = 0.2  # s: the longest the client's thread waits on its socket before it looks whether it is closing
+NONFINITE = ("propagate", "raise")
+
+
+class _Paired(Exception):
+    """A call's failure that every rank met at the same call: the client goes on, its peers in step."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def payloads_of(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
@@ -56,7 +71,7 @@ def payloads_of(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Pre
             result = gpu.result(x, mean=op == "mean")
             return result if out is None else out.copy_(result)
 
-        return Prepared(gpu, -(-x.numel() // k), finish, native=False)
+        return Prepared(gpu, -(-x.numel() // k), finish, native=False, length=x.numel(), kind="float")
     flat, restore = tensor_to_flat(x)
     return flat_payloads(flat, restore, str(x.dtype).removeprefix("torch."), k, n_workers, op, out)
 
@@ -69,11 +84,18 @@ class Client:
     end in an exception, never in a hang. ``batch_scheduling`` runs the client's thread
     under ``SCHED_BATCH`` (see :mod:`switchagg.scheduling`: where workers share cores, a
     woken worker then does not preempt the one that woke it); False keeps the default policy.
+    ``nonfinite`` says what a float call whose input held NaN or infinity on any rank does:
+    ``"propagate"`` (as allreduce does: NaN or inf in the positions of the chunks that held one,
+    on every rank) or ``"raise"`` (:class:`QuantizationError`, on every rank, for that call).
     """
 
     def __init__(self, config: JobConfig, rank: int, *, start_timeout: float = 60.0,
                  stall_timeout: float = 5.0, batched: bool | None = None,
-                 segmentation: bool | None = None, batch_scheduling: bool = True) -> None:
+                 segmentation: bool | None = None, batch_scheduling: bool = True,
+                 nonfinite: str = "propagate") -> None:
+        if nonfinite not in NONFINITE:
+            raise ConfigError(f"nonfinite={nonfinite!r}: use 'propagate' (NaN and inf reach every rank, as "
+                              "allreduce does) or 'raise' (every rank raises for that call)")
         if not 0 <= rank < config.n_workers:
             raise ConfigError(f"rank {rank} is not a worker of job {config.job_id} "
                               f"(it has ranks 0..{config.n_workers - 1})")
@@ -94,12 +116,16 @@ class Client:
         self.window = Window(max_size=config.slot_count)
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
+        self._seq = 0  # calls since the session began: each call's place, in its descriptor
         self._started = False
+        self.nonfinite = nonfinite
         self.retransmissions = 0  # contributions sent again after a loss, over all calls
         self.queries = 0  # QUERY packets that asked the switch whose contribution it misses
-        self.generation: int | None = None
+        self.generation: int | None = None  # the job's installed one, where the join starts
+        self.session: int | None = None  # this run's, agreed with the peers: what the calls carry
         self._failed: BaseException | None = None
         self._closing = False
+        self._lock = threading.Lock()  # orders submit() against close(): nothing queued after the end
         self._batch_scheduling = batch_scheduling
         self._queue: queue.Queue[tuple[Future, Callable[[], Any]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=f"switchagg-client-{rank}", daemon=True)
@@ -125,36 +151,60 @@ class Client:
         """Queue an allreduce; the Future holds the result (or the error).
 
         A float tensor on a GPU stays there (see :mod:`switchagg.torch_payloads`);
-        everything else takes the numpy path (:func:`payloads_of`).
+        everything else takes the numpy path (:func:`payloads_of`). Input that cannot be reduced
+        (an unsupported dtype or op) fails this call on every rank, in its Future: this rank still
+        takes part in the call round, saying so, so that its peers fail the same call and the
+        ranks' next calls stay paired.
         """
-        job = payloads_of(x, self.config.values_per_packet, self.config.n_workers, op, out)
+        try:
+            job: Prepared | None = payloads_of(x, self.config.values_per_packet, self.config.n_workers, op, out)
+        except Exception as exc:  # noqa: BLE001 - becomes this call's outcome on every rank
+            job, problem = None, exc
 
         def work() -> Any:
-            if job.n_chunks:
-                self._reduce(job.payloads, job.n_chunks, job.native)
-            return job.finish()
+            if job is None:
+                self._call(None, CallDescriptor(self._seq, failed=True))
+                raise _Paired(problem)
+            self._call(job, CallDescriptor(self._seq, job.length, job.kind, op))
+            result = job.finish()
+            if self.nonfinite == "raise" and job.kind == "float" and not _all_finite(result):
+                raise _Paired(QuantizationError(
+                    "this call's input held NaN or infinity on some rank, so its sum does too (every rank "
+                    "raises for this call; Client(nonfinite='propagate') hands such sums back instead)"))
+            return result
 
         return self.submit(work)
 
     def probe(self, timeout: float | None = None) -> int:
-        """Ask the switch whether it admits this worker; returns the job's generation."""
+        """Ask the switch whether it admits this worker; returns the job's installed generation."""
         return self.submit(lambda: self._probe(self.start_timeout if timeout is None else timeout)).result()
+
+    def join(self, timeout: float | None = None) -> int:
+        """Probe, and agree with every peer on this run's session (:mod:`switchagg.session`); returns it.
+
+        The first call does this by itself; calling it first says at once whether the whole job is there.
+        """
+        return self.submit(lambda: self._ensure_session(self.start_timeout if timeout is None else timeout)).result()
 
     def submit(self, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` on the client's thread after the calls queued before it."""
-        if self._closing:
-            raise ClosedError("this client is closed: create a new one")
         future: Future = Future()
-        self._queue.put((future, fn))
+        with self._lock:
+            if self._closing:
+                raise ClosedError("this client is closed: create a new one")
+            self._queue.put((future, fn))
         return future
 
     def close(self) -> None:
-        """Stop the thread (failing queued calls) and release the socket."""
-        if self._closing:
-            return
-        self._closing = True
-        self._queue.put(None)
-        self._thread.join()
+        """Stop the thread (failing queued calls, and within :data:`_WAKE` the one running) and release
+        the socket."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
         self._sock.close()
 
     def __enter__(self) -> Client:
@@ -179,7 +229,9 @@ class Client:
                 continue
             try:
                 future.set_result(fn())
-            except BaseException as exc:  # whatever broke a call leaves this worker out of step
+            except _Paired as paired:  # every rank failed this call: still in step
+                future.set_exception(paired.error)
+            except BaseException as exc:  # whatever else broke a call leaves this worker out of step
                 self._failed = exc
                 future.set_exception(exc)
         while not self._queue.empty():
@@ -192,6 +244,7 @@ class Client:
         probe = make_header(PacketType.PROBE, job=cfg.job_id, worker=self.rank, key=cfg.key).pack()
         deadline = time.monotonic() + timeout
         while True:
+            self._check_open()
             self._sock.send([((probe,), None)])
             for h in self._replies(min(time.monotonic() + 0.2, deadline)):
                 if (h.type == PacketType.PROBE_REPLY and h.job == cfg.job_id
@@ -207,7 +260,8 @@ class Client:
     def _replies(self, until: float) -> Iterator[Header]:
         """The header-only datagrams (the switch's answers to a PROBE or a QUERY) that come until ``until``."""
         while (now := time.monotonic()) < until:
-            for data, _ in self._sock.recv(until - now):
+            self._check_open()
+            for data, _ in self._sock.recv(min(until - now, _WAKE)):
                 if len(data) == HEADER_SIZE:
                     yield unpack_header(data)
 
@@ -223,18 +277,75 @@ class Client:
         self.generation = generation
         return generation
 
-    def _reduce(self, payloads: Any, n_chunks: int, native: bool) -> None:
-        if self.generation is None:
-            self._probe(self.start_timeout)
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ClosedError("the client was closed during this call")
+
+    def _params(self, generation: int) -> StreamParams:
         cfg = self.config
-        params = StreamParams(cfg.job_id, self.rank, cfg.key, self.generation, cfg.n_workers,
-                              cfg.slot_count, cfg.values_per_packet, cfg.asks_first)
-        now = time.monotonic()
+        return StreamParams(cfg.job_id, self.rank, cfg.key, generation, cfg.n_workers, cfg.slot_count,
+                            cfg.values_per_packet, cfg.asks_first)
+
+    def _ensure_session(self, timeout: float) -> int:
+        """Probe (the installed generation) and join the peers in a session of this run's own."""
+        if self.session is None:
+            if self.generation is None:
+                self._probe(timeout)
+            cfg = self.config
+            join = Join(self.generation, self.rank, cfg.n_workers, cfg.values_per_packet)
+            while join.session is None:
+                phase = join.phase
+                join.take(self._exchange(phase.generation, phase.copy, phase.values, timeout))
+            self.session = join.session
+        return self.session
+
+    def _exchange(self, generation: int, copy: int, values: np.ndarray, timeout: float) -> bytes:
+        """One sum of the join: ``values`` (K big-endian int32) in ``copy`` of slot 0, chunk 0, under
+        ``generation``; returns the sum as it came back."""
+        cfg = self.config
+        flat = values.astype(np.int32)
+        out = np.empty_like(flat)
+        copies = np.zeros(cfg.slot_count, dtype=np.int64)
+        copies[0] = copy
+        red = Reduction(self._params(generation), self.window, Int32Payloads(flat, out, cfg.values_per_packet),
+                        n_chunks=1, first_id=0, copies=copies, now=time.monotonic(), progress_timeout=timeout,
+                        started=self._started)
+        self._drive(red)
+        return out.astype(">i4").tobytes()
+
+    def _call(self, job: Prepared | None, desc: CallDescriptor) -> None:
+        """One call: its call round, then (where every rank's descriptor matched this one) its data.
+
+        Where the call round shows other calls, every rank has the same sum, so every rank takes the
+        same ids and slot copies as used (:func:`switchagg.calls.footprint`) and raises alike.
+        """
+        self._ensure_session(self.start_timeout)
+        cfg = self.config
+        k, n = cfg.values_per_packet, cfg.n_workers
+        if job is None:  # this rank's input could not be reduced: it says so in the call round
+            empty = np.empty(0, dtype=np.int32)
+            payloads, n_chunks, native = Int32Payloads(empty, np.empty_like(empty), k), 0, True
+        else:
+            payloads, n_chunks, native = job.payloads, job.n_chunks, job.native
+        first, before = self._next_id, self._copies.copy()
         kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
-        red = kind(params, self.window, payloads, n_chunks=n_chunks, first_id=self._next_id,
-                   copies=self._copies, now=now, started=self._started,
-                   progress_timeout=self.stall_timeout if self._started else self.start_timeout)
-        self._next_id = (self._next_id + red.total) & _U32
+        red = kind(self._params(self.session), self.window, payloads, n_chunks=n_chunks, first_id=first,
+                   copies=self._copies, now=time.monotonic(), started=self._started,
+                   progress_timeout=self.stall_timeout if self._started else self.start_timeout,
+                   call=calls.rows(desc, self.rank, n, k))
+        self._next_id = (first + red.total) & _U32
+        self._seq += 1
+        self._drive(red)
+        if red.mismatch is not None:
+            used = calls.footprint(red.mismatch, n, k, cfg.slot_count)
+            self._copies[:] = before
+            self._copies[:used] ^= 1
+            self._next_id = (first + used) & _U32
+            if not desc.failed:  # a rank that failed raises its own error
+                raise _Paired(calls.mismatch_error(red.mismatch, n, self.rank))
+
+    def _drive(self, red: Reduction | NativeReduction) -> None:
+        """Move ``red``'s packets until it is done, raises, or the client closes."""
         sock = self._sock
         try:
             while True:
@@ -242,9 +353,8 @@ class Client:
                     sock.send_rows(n)
                 if red.done:
                     break
-                if self._closing:
-                    raise ClosedError("the client was closed during an allreduce")
-                wait = red.next_deadline() - time.monotonic()
+                self._check_open()
+                wait = min(red.next_deadline() - time.monotonic(), _WAKE)
                 got = sock.recv_packets(wait) if wait > 0 else sock.recv_packets()
                 now = time.monotonic()
                 if got:
@@ -263,7 +373,7 @@ class Client:
         cfg = self.config
         pending = red.pending()[:4]
         if cfg.control is None:
-            return self._ask_switch(pending)
+            return self._ask_switch(red, pending)
         try:
             states = request(cfg.control, {"op": "slots", "job": cfg.job_id,
                                                    "slots": [s for _, s, _ in pending]})["slots"]
@@ -272,7 +382,7 @@ class Client:
         notes = []
         for chunk, slot, copy in pending:
             state = states[str(slot)][copy]
-            if state["chunk"] == chunk:
+            if (state["generation"], state["chunk"]) == (red.params.generation, chunk):
                 missing = [r for r in range(cfg.n_workers) if not state["bitmap"] >> r & 1]
                 notes.append(f"chunk {chunk} still waits for workers {missing}")
             else:
@@ -280,23 +390,23 @@ class Client:
                              f"holds chunk {state['chunk']})")
         return " The switch says: " + "; ".join(notes) + "."
 
-    def _ask_switch(self, pending: list[tuple[int, int, int]]) -> str:
+    def _ask_switch(self, red: Reduction | NativeReduction, pending: list[tuple[int, int, int]]) -> str:
         """Ask the switch which workers each stuck chunk's copy has counted: a QUERY about each (every
         target answers one, with a PENDING, whatever the job's loss_recovery), sent twice in case one
         is lost; a switch that answers none is down or cut off."""
         cfg = self.config
-        if self.generation is None or not pending:
+        if not pending:
             return ""
         asked = {chunk: (slot, copy) for chunk, slot, copy in pending}
         queries = [((make_header(PacketType.QUERY, job=cfg.job_id, worker=self.rank, slot=slot, copy=copy,
-                                 chunk=chunk, generation=self.generation, key=cfg.key).pack(),), None)
+                                 chunk=chunk, generation=red.params.generation, key=cfg.key).pack(),), None)
                    for chunk, (slot, copy) in asked.items()]
         bitmaps: dict[int, int] = {}
         for _ in range(2):
             self._sock.send(queries)
             for h in self._replies(time.monotonic() + _ASK_WAIT):
                 if (h.type == PacketType.PENDING and h.job == cfg.job_id and h.worker == self.rank
-                        and h.generation == self.generation and asked.get(h.chunk) == (h.slot, h.copy)):
+                        and h.generation == red.params.generation and asked.get(h.chunk) == (h.slot, h.copy)):
                     bitmaps[h.chunk] = h.key
                     if len(bitmaps) == len(asked):
                         break
@@ -319,3 +429,12 @@ class Client:
                              f"{[r for r in range(cfg.n_workers) if not bitmap >> r & 1]}")
         return " The switch answers: " + "; ".join(notes) + "."
 
+
+
+def _all_finite(result: Any) -> bool:
+    """Whether a float call's result holds neither NaN nor infinity (numpy or torch)."""
+    if is_tensor(result):
+        import torch
+
+        return bool(torch.isfinite(result).all())
+    return bool(np.isfinite(result).all())

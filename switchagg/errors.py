@@ -12,7 +12,7 @@ class ConfigError(SwitchAggError, ValueError):
 
 
 class QuantizationError(SwitchAggError, ValueError):
-    """A tensor cannot be quantized (NaN, infinity, or out of range)."""
+    """A float call's input held NaN or infinity on some rank, with ``Client(nonfinite="raise")``."""
 
 
 class JobNotStarted(SwitchAggError, TimeoutError):
@@ -25,3 +25,18 @@ class StallError(SwitchAggError, TimeoutError):
 
 class ClosedError(SwitchAggError, RuntimeError):
     """The client was closed, or failed earlier and can no longer be used."""
+
+
+class CallMismatch(SwitchAggError, ValueError):
+    """Workers issued different calls at the same place in their sequence (length, kind or op).
+
+    Raised on every rank for that call; the ranks' next calls stay paired.
+    """
+
+
+class PeerFailed(SwitchAggError, RuntimeError):
+    """Another rank could not take part in this call (its input could not be reduced).
+
+    That rank raises its own error for the call; every other rank raises this one, and the
+    ranks' next calls stay paired.
+    """

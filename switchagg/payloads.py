@@ -60,13 +60,16 @@ class Prepared:
     """An allreduce's input made ready: its payloads, how many chunks, and what turns the sums into the result.
 
     ``native`` says whether the C stream can drive the payloads (the numpy ones); a tensor on a GPU
-    takes the Python state machine, whose codec is torch's.
+    takes the Python state machine, whose codec is torch's. ``length`` (values) and ``kind``
+    ("float" or "int32") are what the call's descriptor tells the peers (:mod:`switchagg.calls`).
     """
 
     payloads: Any
     n_chunks: int
     finish: Callable[[], Any]
     native: bool
+    length: int
+    kind: str
 
 
 def check_op(op: str) -> None:
@@ -78,7 +81,7 @@ def array_payloads(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> 
     """The payloads of ``x`` (a numpy array, or anything numpy takes) for an allreduce of ``op``
     ("sum" or "mean") among ``n_workers``, K = ``k``.
 
-    Raises here, in the caller, on what cannot be reduced: an unsupported dtype, NaN or infinity.
+    Raises here, in the caller, on what cannot be reduced: an unsupported dtype or op.
     """
     arr = np.asarray(x)
     shape, dtype = arr.shape, arr.dtype
@@ -119,7 +122,7 @@ def flat_payloads(flat: np.ndarray, restore: Callable[[np.ndarray, Any], Any], d
             np.divide(result, n_workers, out=result)
         return restore(result, out)
 
-    return Prepared(payloads, -(-flat.size // k), finish, native=True)
+    return Prepared(payloads, -(-flat.size // k), finish, native=True, length=flat.size, kind=kind)
 
 
 def kind_of(dtype_name: str) -> str:

@@ -9,13 +9,17 @@ having :meth:`Reduction.encode` write each packet's values where it will send th
 one call to the next.
 
 The schedule (``docs/protocol.md`` has the whole story): a call of ``N`` data
-chunks over a job with ``S`` slots first sends an exponent round, one packet per
-slot in use (``R = min(S, N)``), that carries each worker's proposed exponent for
-the slot's first data chunk. Data chunk ``d`` then goes on slot ``d % S`` with
-the agreed (maximum) exponent that came back in the result of the slot's
-previous use, and proposes the exponent of chunk ``d + S``. A slot's next use
-goes out only when its previous result is back (self-clocking), and at most
-``Window.size`` packets are outstanding. int32 reductions skip the exponent round.
+chunks over a job with ``S`` slots first sends a call round, one packet per slot
+in use (``R = max(1, min(S, N))``), whose values carry every worker's descriptor
+of the call (:mod:`switchagg.calls`) and whose header carries each worker's
+proposed exponent for the slot's first data chunk. A call round whose sum shows
+that the ranks' calls differ ends the call (:attr:`Reduction.mismatch`) before
+any data goes. Data chunk ``d`` then goes on slot ``d % S`` with the agreed
+(maximum) exponent that came back in the result of the slot's previous use, and
+proposes the exponent of chunk ``d + S``. A slot's next use goes out only when
+its previous result is back (self-clocking), and at most ``Window.size`` packets
+are outstanding. The join handshake's sums (:mod:`switchagg.session`) run without
+a call round (``call=None``).
 
 :class:`NativeReduction` is the same state machine in C (``switchagg/_stream.c``) for numpy
 data, which is what a client runs on the CPU: per packet it costs a fraction of the Python.
@@ -316,7 +320,7 @@ class Send(NamedTuple):
     """
 
     header: Header
-    data_chunk: int  # the chunk of the tensor it carries; -1 in the exponent round (zeros); a QUERY none
+    data_chunk: int  # the chunk of the tensor it carries; -1 in the call round (the descriptors); a QUERY none
     exponent: int  # the agreed exponent its values are quantized with
 
 
@@ -325,20 +329,26 @@ class Reduction:
 
     def __init__(self, params: StreamParams, window: Window, payloads: Payloads, *,
                  n_chunks: int, first_id: int, copies: np.ndarray, now: float,
-                 progress_timeout: float, started: bool = False) -> None:
+                 progress_timeout: float, started: bool = False,
+                 call: tuple[np.ndarray, bytes] | None = None) -> None:
         """``copies[s]`` is the shadow copy of slot ``s``'s next use; this call advances it.
 
         ``progress_timeout`` is how long the call waits for a first result and then
         for each further one before it raises: :class:`JobNotStarted` if the job never
         produced a result (``started`` says whether an earlier call did), else
-        :class:`StallError`.
+        :class:`StallError`. ``call`` is the call round's values and the sum they must come
+        back as (:func:`switchagg.calls.rows`); None runs int32 data alone (the join's sums).
         """
         self.params, self.window, self.payloads = params, window, payloads
         self.n_chunks, self.first_id = n_chunks, first_id
         proposals = payloads.proposals()
+        if call is None and proposals is not None:
+            raise ValueError("floats need the call round: it carries their exponents")
+        self._call_row, self._expect = (None, None) if call is None else call
+        self.mismatch: bytes | None = None  # the call round's sum, where it showed other calls than this one
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
         self._proposals = None if proposals is None else array("b", proposals.astype(np.int8).tobytes())
-        self.rounds, copy0 = start_call(copies, n_chunks, floats=proposals is not None)
+        self.rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
         self.total = self.rounds + n_chunks
         self._copy0 = copy0.tolist()
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
@@ -395,7 +405,8 @@ class Reduction:
     def _packet(self, t: int) -> Send:
         p = self.params
         if t < self.rounds:
-            data_chunk, exponent_used, proposal = -1, EXP_NONE, self._proposals[t]
+            data_chunk, exponent_used = -1, EXP_NONE
+            proposal = EXP_NONE if self._proposals is None or t >= self.n_chunks else self._proposals[t]
         else:
             data_chunk = t - self.rounds
             prev = self._prev(t)
@@ -419,7 +430,7 @@ class Reduction:
     def encode(self, send: Send, out: np.ndarray) -> None:
         """Write ``send``'s K values into ``out`` (big-endian int32), e.g. the row it is sent from."""
         if send.data_chunk < 0:
-            out[:] = 0
+            out[:] = self._call_row
         else:
             self.payloads.encode(send.data_chunk, send.exponent, out)
 
@@ -466,6 +477,8 @@ class Reduction:
         heapq.heappush(self._timers, (now + wait, t))
 
     def _fill(self, now: float) -> None:
+        if self.mismatch is not None:  # the call is over: no data of a mismatched call goes
+            return
         while (self._next < self.total and len(self._outstanding) < self.window.size
                and self._ready(self._next)):
             self._send(self._next, now, 0)
@@ -475,7 +488,8 @@ class Reduction:
 
     @property
     def done(self) -> bool:
-        return self.n_done == self.total
+        """Every result is in, or the call round ended the call (:attr:`mismatch`)."""
+        return self.n_done == self.total or self.mismatch is not None
 
     def receive_batch(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, now: float) -> int:
         """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``.
@@ -532,7 +546,11 @@ class Reduction:
         self._done[t] = 1
         self.n_done += 1
         self._agreed[t] = h.exponent
-        if t >= self.rounds:
+        if t < self.rounds:
+            row = bytes(values[:4 * self.params.values_per_packet])
+            if row != self._expect and self.mismatch is None:
+                self.mismatch = row
+        else:
             d = t - self.rounds
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
@@ -690,15 +708,19 @@ class NativeReduction(_native.Stream):
     """
 
     def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,
-                 copies: np.ndarray, now: float, progress_timeout: float, started: bool = False) -> None:
+                 copies: np.ndarray, now: float, progress_timeout: float, started: bool = False,
+                 call: tuple[np.ndarray, bytes] | None = None) -> None:
         self.params, self.window = params, window
         proposals = payloads.proposals()
-        rounds, copy0 = start_call(copies, n_chunks, floats=proposals is not None)
+        if call is None and proposals is not None:
+            raise ValueError("floats need the call round: it carries their exponents")
+        rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
+        row, expect = (None, None) if call is None else (np.ascontiguousarray(call[0]).tobytes(), call[1])
         super().__init__(window, payloads.flat, payloads.out,
                          None if proposals is None else proposals.astype(np.int8).tobytes(),
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
-                         progress_timeout, started, params.ask_first)
+                         progress_timeout, started, params.ask_first, row, expect)
 
     def tick(self, now: float) -> None:
         """Retransmit what timed out; raise if progress stopped for too long."""
@@ -707,13 +729,13 @@ class NativeReduction(_native.Stream):
                               started=self.started)
 
 
-def start_call(copies: np.ndarray, n_chunks: int, *, floats: bool) -> tuple[int, np.ndarray]:
-    """The exponent round's size, and each slot's shadow copy at the call's start.
+def start_call(copies: np.ndarray, n_chunks: int, *, call_round: bool = True) -> tuple[int, np.ndarray]:
+    """The call round's size, and each slot's shadow copy at the call's start.
 
     ``copies[s]`` is the copy of slot ``s``'s next use; it is advanced past this call's uses.
     """
     s = len(copies)
-    rounds = min(s, n_chunks) if floats else 0
+    rounds = max(1, min(s, n_chunks)) if call_round else 0
     copy0 = copies.copy()
     uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < rounds)
     copies[:] = (copies + uses) % 2

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from switchagg import calls
 from switchagg.payloads import FloatPayloads, Int32Payloads
 from switchagg.protocol import NativeReduction, Reduction, StreamParams, Window
 from switchagg.switch.model import JobEntry, SwitchModel
@@ -59,6 +60,7 @@ class Worker:
     window: Window
     copies: np.ndarray
     next_id: int = 0
+    seq: int = 0  # the worker's calls so far: each call's place in its descriptor
     started: bool = False
     dead_after: int | None = None  # stops reacting after receiving this many packets
     received: int = 0
@@ -114,10 +116,13 @@ class SimNet:
             w.out = np.empty_like(x, dtype=np.float32)
             payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n)
         n_chunks = -(-x.size // job.k)
+        desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum")
         w.red = IMPLEMENTATIONS[self.impl](
             job.params(w.rank), w.window, payloads, n_chunks=n_chunks, first_id=w.next_id, copies=w.copies,
-            now=self.now, progress_timeout=progress_timeout, started=w.started)
+            now=self.now, progress_timeout=progress_timeout, started=w.started,
+            call=calls.rows(desc, w.rank, job.n, job.k))
         w.next_id = (w.next_id + w.red.total) & 0xFFFFFFFF
+        w.seq += 1
         w.error = None
         self._flush(w, job.address(w.rank))
 

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "switchagg"
 # The layers, lowest first: a module may import from its own layer's lower modules and from layers below.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("wire", "errors", "transport", "scheduling"),  # the format, the errors, the sockets, the I/O thread's policy
-    ("codec", "protocol", "config", "jobs", "frames", "scapy_layer", "torch_payloads", "payloads"),  # sans-I/O core
+    ("codec", "calls", "session", "protocol", "config", "jobs", "frames", "scapy_layer", "torch_payloads",
+     "payloads"),  # sans-I/O core
     ("switch.records", "switch.model", "switch.native", "switch.control", "switch.control_client",
      "switch.server"),  # the switch: semantics, then the server around them
     ("targets.base", "targets.p4c", "targets.p4job", "targets.bfrt", "targets.tofino_build", "targets.soft",

@@ -373,17 +373,6 @@ def test_auto_loss_recovery_asks_first_where_every_worker_resending_would_cost_m
     assert dataclasses.replace(two, loss_recovery="query").asks_first
 
 
-def test_nan_raises_in_the_caller(make_job):
-    cfg = make_job(2)
-    with Client(cfg, 0) as c:
-        x = np.ones(100, np.float32)
-        x[50] = np.nan
-        with pytest.raises(QuantizationError):
-            c.allreduce_async(x)
-        with pytest.raises(TypeError, match="dtype"):
-            c.allreduce(np.ones(3, np.int64))
-
-
 def test_packets_larger_than_an_ipv4_datagram_are_refused_by_the_config(make_job):
     make_job(1, k=16370)  # 24 + 4 * 16370 bytes: the largest UDP payload of IPv4
     with pytest.raises(ConfigError, match="1..16370"):

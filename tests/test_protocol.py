@@ -13,7 +13,7 @@ from collections.abc import Collection
 import numpy as np
 import pytest
 
-from switchagg import codec, protocol
+from switchagg import calls, codec, protocol
 from switchagg.errors import JobNotStarted, StallError
 from switchagg.protocol import MIN_PROBE, MIN_RESEND, TAIL_RTTS, Window, WindowState
 from switchagg.switch.model import SwitchModel
@@ -588,8 +588,9 @@ def test_native_reduction_refuses_what_does_not_fit():
 
     job = Job(n=2, slots=4, k=8)
     x = np.ones(20, np.float32)
+    call = calls.rows(calls.CallDescriptor(0, 20, "float"), 0, 2, 8)
     red = NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=3,
-                          first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
+                          first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call)
     with pytest.raises(ValueError, match="rows"):
         red.emit(np.empty((4, 24 + 4 * 7), np.uint8), np.zeros(4, np.uint32))  # rows too short for K = 8
     with pytest.raises(ValueError, match="uint32"):
@@ -600,6 +601,9 @@ def test_native_reduction_refuses_what_does_not_fit():
         red.receive_batch(bytes(10), np.array([0], np.uint32), np.array([4, 4], np.uint32), 0.0)
     with pytest.raises(ValueError, match="n_chunks"):
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=2,
+                        first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call)
+    with pytest.raises(ValueError, match="call round"):  # floats without one: nothing carries their exponents
+        NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=3,
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
     with pytest.raises(RuntimeError, match="not initialised"):
         _native.Stream.__new__(_native.Stream).next_deadline()

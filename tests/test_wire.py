@@ -60,4 +60,5 @@ def test_the_c_code_uses_this_header_layout():
                              "RESULT": PacketType.RESULT, "PROBE": PacketType.PROBE,
                              "PROBE_REPLY": PacketType.PROBE_REPLY,
                              "QUERY": PacketType.QUERY, "PENDING": PacketType.PENDING, "FLAG_COPY": wire.FLAG_COPY,
-                             "EXP_NONE": wire.EXP_NONE, "MAX_WORKERS": wire.MAX_WORKERS}
+                             "EXP_NONE": wire.EXP_NONE, "EXP_NONFINITE": wire.EXP_NONFINITE,
+                             "MAX_WORKERS": wire.MAX_WORKERS}

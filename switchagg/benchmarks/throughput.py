@@ -127,6 +127,7 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
     into the rows a socket sends from) and takes whole batches of results back; here each
     packet comes straight back as its own result, as from a switch of one worker.
     """
+    from .. import calls
     from ..payloads import FloatPayloads
     from ..protocol import NativeReduction, StreamParams, Window
     from ..wire import PacketType, datagram_size
@@ -139,12 +140,15 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
     offsets = (size * np.arange(slots)).astype(np.uint32)
     lengths = np.full(slots, size, np.uint32)
 
+    row, _ = calls.rows(calls.CallDescriptor(0, numel, "float"), 0, n, k)
+    call = (row, row.tobytes())  # the rows come back unsummed, so the call round's echo is what it expects
+
     def one_call() -> tuple[float, float]:
         t = time.perf_counter()
         payloads = FloatPayloads(x, out, k, n)
         red = NativeReduction(StreamParams(1, 0, 0, 1, n, slots, k), Window(slots, initial=slots), payloads,
                               n_chunks=-(-numel // k), first_id=0, copies=np.zeros(slots, np.int64), now=0.0,
-                              progress_timeout=1e9)
+                              progress_timeout=1e9, call=call)
         enc, dec = time.perf_counter() - t, 0.0
         while not red.done:
             t0 = time.perf_counter()

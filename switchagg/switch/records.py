@@ -31,11 +31,12 @@ class CopyState(NamedTuple):
 
 
 def slot_state(job: JobEntry, copies: tuple[CopyState, CopyState]) -> list[dict[str, int | None]]:
-    """Both copies of a job's slot as a stall's diagnosis reads them: state of another generation is empty."""
+    """Both copies of a job's slot as a stall's diagnosis reads them: the session generation and chunk
+    each holds (a run's state is its session's: the reader compares both), None for a copy never written."""
     out = []
     for copy, state in enumerate(copies):
-        live = state.tag >> 32 == job.generation
-        out.append({"copy": copy, "chunk": state.tag & _U32 if live else None,
+        live = state.tag >> 32 != 0  # generation 0 is no run's: what the registers power up holding
+        out.append({"copy": copy, "generation": state.tag >> 32, "chunk": state.tag & _U32 if live else None,
                     "bitmap": state.bitmap if live else 0, "count": state.count if live else 0})
     return out
 

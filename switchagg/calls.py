@@ -1,0 +1,122 @@
+"""What a call is, said to every peer before any of its data moves: the call round's descriptor.
+
+Every allreduce call starts with a *call round*: one packet per slot the call uses (at least one,
+also for an empty call or an int32 one), before any data chunk on that slot. Its values, which
+the switch sums like any others, hold each worker's **descriptor** of the call in two words of
+its own, ``[2 * rank, 2 * rank + 1]``, and zeros elsewhere. The sum is then every worker's
+descriptor side by side, so each worker can check, before it sends a single data chunk, that all
+ranks are making the same call: the same length, kind (float or int32), op and place in the
+sequence of calls. Mismatched calls therefore never add their data up, and every rank learns of
+the mismatch from the same sums, so every rank raises for the same call. A rank whose input
+could not be reduced at all sends a descriptor marked *failed* instead, so that its peers fail
+that call with it instead of pairing their next call with its next one.
+
+When the call round shows any difference, every rank knows every rank's descriptor, so they all
+agree on what the call consumed (:func:`footprint`): chunk ids and slot copies stay paired, and
+the next call works. Pure functions of the numbers: no I/O (``docs/protocol.md``, section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CallMismatch, PeerFailed
+from .wire import VALUE_DTYPE
+
+WORDS = 2  # words of a call round's values that each rank owns
+KINDS = {"float": 1, "int32": 2}
+OPS = {"sum": 1, "mean": 2}
+_PRESENT = 1 << 31  # set in every descriptor's second word: a rank that wrote one
+_FAILED = 1 << 25
+_LENGTH_HIGH = 0x1FF  # bits 32..40 of the length, in bits 16..24 of the second word
+MAX_LENGTH = 1 << 41  # values one call can carry
+SEQ_MOD = 1 << 16  # the call's place in the session, modulo this
+
+
+@dataclass(frozen=True)
+class CallDescriptor:
+    """One rank's call: its place in the session, length in values, kind and op, or that it failed."""
+
+    seq: int
+    length: int = 0
+    kind: str = "int32"
+    op: str = "sum"
+    failed: bool = False
+
+    def words(self) -> tuple[int, int]:
+        """The two 32-bit words this descriptor takes in the call round."""
+        if self.failed:
+            return 0, _PRESENT | _FAILED | self.seq % SEQ_MOD
+        if not 0 <= self.length < MAX_LENGTH:
+            raise ValueError(f"a call carries at most {MAX_LENGTH - 1} values, not {self.length}")
+        return (self.length & 0xFFFFFFFF,
+                _PRESENT | KINDS[self.kind] << 28 | OPS[self.op] << 26 | (self.length >> 32 & _LENGTH_HIGH) << 16
+                | self.seq % SEQ_MOD)
+
+    @classmethod
+    def from_words(cls, low: int, high: int) -> CallDescriptor | None:
+        """The descriptor two words hold, or None where they hold none (a rank that wrote no descriptor)."""
+        if not high & _PRESENT:
+            return None
+        seq = high % SEQ_MOD
+        if high & _FAILED:
+            return cls(seq, failed=True)
+        kinds = {v: k for k, v in KINDS.items()}
+        ops = {v: k for k, v in OPS.items()}
+        kind, op = kinds.get(high >> 28 & 7), ops.get(high >> 26 & 3)
+        if kind is None or op is None:
+            return None
+        return cls(seq, (high >> 16 & _LENGTH_HIGH) << 32 | low, kind, op)
+
+    def rounds(self, k: int, slots: int) -> int:
+        """Packets of this call's call round: one per slot it uses, at least one."""
+        chunks = 0 if self.failed else -(-self.length // k)
+        return max(1, min(slots, chunks))
+
+    def __str__(self) -> str:
+        if self.failed:
+            return f"call #{self.seq}: failed before it started"
+        return f"call #{self.seq}: {self.length} {self.kind} values, op {self.op}"
+
+
+def rows(desc: CallDescriptor, rank: int, n_workers: int, k: int) -> tuple[np.ndarray, bytes]:
+    """This rank's call-round values (K big-endian int32) and the sum every rank must get back:
+    the same descriptor at every rank's place."""
+    if k < WORDS * n_workers:
+        raise ValueError(f"K = {k} leaves no room for {n_workers} descriptors of {WORDS} words")
+    words = desc.words()
+    mine = np.zeros(k, dtype=">u4")
+    mine[WORDS * rank:WORDS * rank + WORDS] = words
+    expect = np.zeros(k, dtype=">u4")
+    expect[:WORDS * n_workers] = words * n_workers
+    return mine.view(VALUE_DTYPE), expect.tobytes()
+
+
+def read(row: bytes, n_workers: int) -> list[CallDescriptor | None]:
+    """Each rank's descriptor in a call round's sum."""
+    words = np.frombuffer(row, dtype=">u4", count=WORDS * n_workers)
+    return [CallDescriptor.from_words(int(words[WORDS * r]), int(words[WORDS * r + 1])) for r in range(n_workers)]
+
+
+def footprint(row: bytes, n_workers: int, k: int, slots: int) -> int:
+    """How many ids and slots a call that the call round stopped has used on every rank alike: the
+    largest call round any rank sent (whatever a rank sent past another's is left unfinished, and
+    the next use of those slots takes their other copy under newer ids)."""
+    return max((d.rounds(k, slots) if d is not None else slots) for d in read(row, n_workers))
+
+
+def mismatch_error(row: bytes, n_workers: int, rank: int) -> CallMismatch | PeerFailed:
+    """The error every rank raises for a call whose call round showed different calls."""
+    descs = read(row, n_workers)
+    failed = [r for r, d in enumerate(descs) if d is not None and d.failed and r != rank]
+    if failed:
+        return PeerFailed(
+            f"rank(s) {failed} could not take part in this call (their input could not be reduced; each of "
+            "them raised the reason), so no rank gets a result for it; the next calls stay paired")
+    said = "; ".join(f"rank {r}: " + (str(d) if d is not None else "no descriptor (not this protocol's call round)")
+                     for r, d in enumerate(descs))
+    return CallMismatch(
+        f"the ranks' calls do not match, so none of them is summed ({said}). Every rank must make the same "
+        "calls in the same order, with tensors of the same length and kind (float or int32) and the same op")

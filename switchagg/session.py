@@ -1,0 +1,108 @@
+"""The join handshake: the workers of a run agree, through the switch, on a session generation no
+earlier run used.
+
+A switch keeps a copy's state until a newer chunk or another generation replaces it, and a new
+run's workers start their chunk ids where every run does. Had a run used the job's installed
+generation, a restarted job would meet its previous run's finished copies under the very same
+tags and be served their sums as repeats. So every run sums under a **session generation** of its
+own, random, which its workers settle before their first call. They have no channel but the
+switch, and no worker can tell by itself whether a copy it meets is fresh; but each can tell
+whether a sum holds *its own* fresh random words, and every worker receives the same sum of a
+copy. The handshake builds on that (``docs/protocol.md``, section 6a), in rungs of two phases,
+each an ordinary one-chunk int32 sum on the job's slot 0 in which every rank owns two words:
+
+1. **Nonces** (copy 0): each rank writes a fresh 64-bit nonce. Under the first rung's tag (the
+   job's installed generation, which a PROBE tells, and chunk 0) an earlier run's copy may still
+   sit, finished or half-filled: then some rank finds a word that is not its nonce in the sum.
+2. **Verdict** (copy 1), under a generation drawn from that sum (fresh if any rank's nonce in it
+   is): each rank writes whether its own nonce came back, and a fresh 32-bit word. The run takes
+   the session generation drawn from this sum if every rank said yes and each rank finds its own
+   words in it; otherwise every rank sees the same refusal and they climb to the next rung, under a
+   generation drawn from this sum. A verdict that an earlier run left under the same tag holds
+   none of this run's words, so no rank takes it.
+
+Each rank decides from sums that every rank received alike, so they decide alike. Climbing
+follows the path earlier runs took, so it ends where they stopped; it needs more than one rung only
+where an earlier run stopped inside its own handshake. A ``switchagg reset`` (a new installed
+generation) starts from a fresh first tag. Pure logic: the client moves the packets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import JobNotStarted
+
+WORDS = 2  # words of a phase's values that each rank owns
+MAX_RUNGS = 32  # an earlier path longer than this means something else is wrong
+
+
+class Phase(NamedTuple):
+    """One sum of the handshake: under which generation, in which copy of slot 0, with what values."""
+
+    generation: int
+    copy: int
+    values: np.ndarray  # K big-endian int32: this rank's two words at its place, zeros elsewhere
+
+
+class Join:
+    """One rank's side of the handshake; :attr:`phase` is the sum to run next, :meth:`take` its result,
+    until :attr:`session` is set."""
+
+    def __init__(self, base: int, rank: int, n_workers: int, k: int) -> None:
+        if k < WORDS * n_workers:
+            raise ValueError(f"K = {k} leaves no room for {n_workers} ranks' {WORDS} words")
+        self.base, self.rank, self.n, self.k = base, rank, n_workers, k
+        self.session: int | None = None
+        self.rungs = 0
+        self._sent = (0, 0)
+        self._nonce_ok = False
+        self.phase = self._nonces(base)
+
+    def _row(self, words: tuple[int, int]) -> np.ndarray:
+        row = np.zeros(self.k, dtype=">u4")
+        row[WORDS * self.rank:WORDS * self.rank + WORDS] = words
+        self._sent = words
+        return row.view(">i4")
+
+    def _own(self, result: bytes) -> tuple[int, int]:
+        words = np.frombuffer(result, dtype=">u4", count=WORDS * self.n)
+        return int(words[WORDS * self.rank]), int(words[WORDS * self.rank + 1])
+
+    def _nonces(self, generation: int) -> Phase:
+        nonce = secrets.randbits(64) | 1  # never all zeros: a rank that wrote nothing reads as zeros
+        return Phase(generation, 0, self._row((nonce >> 32, nonce & 0xFFFFFFFF)))
+
+    def take(self, result: bytes) -> None:
+        """The sum the current phase came back with (K big-endian int32)."""
+        if self.session is not None:
+            raise RuntimeError("the handshake is over")
+        if self.phase.copy == 0:
+            self._nonce_ok = self._own(result) == self._sent
+            self.phase = Phase(self._draw(b"verdict", result), 1,
+                               self._row((int(self._nonce_ok), secrets.randbits(32) | 1)))
+            return
+        flags = np.frombuffer(result, dtype=">u4", count=WORDS * self.n)[::WORDS]
+        if self._own(result) == self._sent and bool((flags == 1).all()):
+            self.session = self._draw(b"session", result)
+            return
+        self.rungs += 1
+        if self.rungs >= MAX_RUNGS:
+            raise JobNotStarted(
+                f"the workers of this job could not agree on a fresh session in {MAX_RUNGS} tries: state that "
+                "earlier runs left on the switch keeps getting in the way (`switchagg reset` the job)")
+        self.phase = self._nonces(self._draw(b"rung", result))
+
+    def _draw(self, domain: bytes, result: bytes) -> int:
+        """A generation every rank draws alike from a sum they all received: never 0 (what a switch
+        powers up holding) nor the installed one (the first rung's)."""
+        digest = hashlib.blake2b(domain + result, digest_size=4, person=b"switchagg-join").digest()
+        value = int.from_bytes(digest, "big")
+        while value in (0, self.base):
+            digest = hashlib.blake2b(domain + digest, digest_size=4, person=b"switchagg-join").digest()
+            value = int.from_bytes(digest, "big")
+        return value

@@ -1,0 +1,181 @@
+"""Never a wrong sum (issue 27): a restarted job, one rank's bad input, mismatched calls, a prompt close.
+
+Each case once handed a rank a value that was not the sum (or hung), on the embedded switch with
+two ranks and K = 64, through the public API.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from switchagg import Client, QuantizationError
+from switchagg.errors import CallMismatch, ClosedError, PeerFailed
+
+from .conftest import run_ranks
+
+
+def calls_on_ranks(cfg, per_rank, **client_kw):
+    """Each rank runs its list of callables ``f(client)`` in order; returns each rank's outcomes
+    (a value, or the exception the call raised)."""
+    def body(rank):
+        outcomes = []
+        with Client(cfg, rank, start_timeout=10, stall_timeout=3, **client_kw) as c:
+            for call in per_rank[rank]:
+                try:
+                    outcomes.append(call(c))
+                except Exception as exc:  # noqa: BLE001 - the outcome under test
+                    outcomes.append(exc)
+        return outcomes
+    return run_ranks(len(per_rank), body, timeout=60)
+
+
+def allreduce(x, **kw):
+    return lambda c: c.allreduce(x, **kw)
+
+
+def test_a_restarted_job_never_gets_the_last_runs_sums(make_job, soft_switch):
+    """New clients of the same job, the switch still running and never reset, sum their own values:
+    each run joins its peers in a fresh session, whose tags no earlier run used."""
+    cfg = make_job(2, k=64, slot_count=16)
+    first = calls_on_ranks(cfg, [[allreduce(np.ones(1000, np.float32))]] * 2)
+    assert all(np.all(o[0] == 2.0) for o in first)
+    second = calls_on_ranks(cfg, [[allreduce(np.full(1000, 5.0, np.float32))]] * 2)
+    assert all(np.all(o[0] == 10.0) for o in second)
+    counters = soft_switch.counters()["jobs"][cfg.job_id]
+    assert counters["results_unicast"] == 0  # nothing of the first run was served as a repeat
+
+
+def test_a_restart_after_a_longer_run_is_not_dropped_as_stale(make_job):
+    """The earlier run went further (its chunk ids are newer than a new run's first ones)."""
+    cfg = make_job(2, k=64, slot_count=4)
+    calls_on_ranks(cfg, [[allreduce(np.ones(64 * 40, np.int32))] * 5] * 2)
+    again = calls_on_ranks(cfg, [[allreduce(np.full(64 * 3, 7, np.int32))]] * 2)
+    assert all(np.all(o[0] == 14) for o in again)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_a_non_finite_value_reaches_every_rank_and_the_next_calls_stay_paired(make_job, bad):
+    """Rank 0's tensor holds an inf or NaN in call 1 (an fp16 overflow under AMP): every rank gets it in
+    that chunk's positions, finite sums elsewhere, and call 2 sums call 2's values."""
+    cfg = make_job(2, k=64, slot_count=8)
+    x0 = np.ones(640, np.float32)
+    x0[70] = bad  # chunk 1 of 10
+    per_rank = [[allreduce(x0), allreduce(np.full(640, 100.0, np.float32))],
+                [allreduce(np.ones(640, np.float32)), allreduce(np.full(640, 100.0, np.float32))]]
+    out = calls_on_ranks(cfg, per_rank)
+    for first, second in out:
+        assert not np.isfinite(first[64:128]).any()
+        if np.isnan(bad):
+            assert np.isnan(first[70])
+        else:
+            assert first[70] == bad
+        assert np.all(first[:64] == 2.0) and np.all(first[128:] == 2.0)
+        assert np.all(second == 200.0)
+
+
+def test_non_finite_can_raise_on_every_rank_for_the_same_call(make_job):
+    cfg = make_job(2, k=64, slot_count=8)
+    x0 = np.ones(100, np.float32)
+    x0[3] = np.inf
+    per_rank = [[allreduce(x0), allreduce(np.full(10, 3.0, np.float32))],
+                [allreduce(np.ones(100, np.float32)), allreduce(np.full(10, 3.0, np.float32))]]
+    for first, second in calls_on_ranks(cfg, per_rank, nonfinite="raise"):
+        assert isinstance(first, QuantizationError)
+        assert np.all(second == 6.0)
+
+
+def test_one_ranks_unusable_input_fails_that_call_on_every_rank(make_job):
+    """Rank 0 passes a dtype that cannot be reduced: it raises its own error, rank 1 a PeerFailed, for
+    the same call, and the next call sums what both pass next."""
+    cfg = make_job(2, k=64, slot_count=8)
+    per_rank = [[allreduce(np.ones(10, np.int64)), allreduce(np.full(10, 20, np.int32))],
+                [allreduce(np.ones(10, np.int32)), allreduce(np.full(10, 20, np.int32))]]
+    (mine, after0), (theirs, after1) = calls_on_ranks(cfg, per_rank)
+    assert isinstance(mine, TypeError) and "dtype" in str(mine)
+    assert isinstance(theirs, PeerFailed) and "[0]" in str(theirs)
+    assert np.all(after0 == 40) and np.all(after1 == 40)
+
+
+@pytest.mark.parametrize("calls", [
+    ((1000, np.float32, "sum"), (1001, np.float32, "sum")),  # lengths
+    ((1000, np.float32, "sum"), (1000, np.int32, "sum")),  # kinds
+    ((1000, np.float32, "sum"), (1000, np.float32, "mean")),  # ops
+    ((64 * 20, np.float32, "sum"), (64 * 3, np.float32, "sum")),  # call rounds of different sizes
+    ((0, np.float32, "sum"), (5, np.float32, "sum")),  # an empty call against one that is not
+], ids=["length", "kind", "op", "rounds", "empty"])
+def test_mismatched_calls_raise_on_every_rank_and_the_next_calls_stay_paired(make_job, calls):
+    cfg = make_job(2, k=64, slot_count=8)
+    per_rank = [[allreduce(np.ones(size, dtype), op=op), allreduce(np.full(300, 4, np.int32))]
+                for size, dtype, op in calls]
+    out = calls_on_ranks(cfg, per_rank)
+    for first, second in out:
+        assert isinstance(first, CallMismatch), first
+        assert "rank 0" in str(first) and "rank 1" in str(first)
+        assert np.all(second == 8)
+
+
+def test_a_skipped_call_is_a_mismatch_not_a_shifted_sum(make_job):
+    """Calls of equal length and kind at different places in the sequence never sum."""
+    cfg = make_job(2, k=64, slot_count=8)
+    x = np.ones(100, np.float32)
+    out = calls_on_ranks(cfg, [[lambda c: c.submit(lambda: setattr(c, "_seq", c._seq + 1)).result(),
+                                allreduce(x)], [lambda c: None, allreduce(x)]])
+    assert isinstance(out[0][1], CallMismatch) and isinstance(out[1][1], CallMismatch)
+    assert "call #1" in str(out[0][1]) and "call #0" in str(out[0][1])
+
+
+def test_close_returns_promptly_during_the_start_up_probe(make_job):
+    """No switch answers this job: close() (what Ctrl-C inside ``with Client(...)`` runs) returns within a
+    second, and the call in progress fails instead of hanging."""
+    cfg = make_job(2, k=64)
+    dead = cfg.__class__(**{**cfg.__dict__, "job_id": cfg.job_id + 1})  # a job the switch does not have
+    client = Client(dead, 0, start_timeout=60)
+    future = client.allreduce_async(np.ones(10, np.float32))
+    time.sleep(0.3)  # let it reach the probe loop
+    t = time.monotonic()
+    client.close()
+    assert time.monotonic() - t < 1.0
+    with pytest.raises(ClosedError):
+        future.result(timeout=1)
+
+
+def test_close_returns_promptly_during_a_call_waiting_for_a_peer(make_job):
+    cfg = make_job(2, k=64)
+    with Client(cfg, 1, start_timeout=30) as peer:  # joined, then never calls
+        joined = threading.Thread(target=peer.join)
+        joined.start()
+        client = Client(cfg, 0, start_timeout=30)
+        client.join()
+        joined.join()
+        future = client.allreduce_async(np.ones(10, np.float32))
+        time.sleep(0.3)
+        t = time.monotonic()
+        client.close()
+        assert time.monotonic() - t < 1.0
+        with pytest.raises(ClosedError):
+            future.result(timeout=1)
+
+
+def test_no_future_is_left_unresolved_when_submit_races_close(make_job):
+    cfg = make_job(1, k=64)
+    for _ in range(20):
+        client = Client(cfg, 0)
+        futures = []
+
+        def submit_many():
+            for _ in range(50):
+                try:
+                    futures.append(client.submit(lambda: 1))
+                except ClosedError:
+                    return
+
+        t = threading.Thread(target=submit_many)
+        t.start()
+        client.close()
+        t.join()
+        for f in futures:
+            f.exception(timeout=2)  # resolved: a result or an error, never a wait
