@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from switchagg import Client, ConfigError, JobConfig, JobNotStarted, QuantizationError, SoftSwitch, StallError
+from switchagg import Client, ConfigError, JobConfig, JobNotStarted, SoftSwitch, StallError
 from switchagg.config import Endpoint, WorkerSpec
 from switchagg.transport import BATCHED_AVAILABLE, UdpSocket
 from switchagg.wire import PacketType, make_header, unpack_header

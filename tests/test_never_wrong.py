@@ -162,18 +162,17 @@ def test_close_returns_promptly_during_a_call_waiting_for_a_peer(make_job):
 
 def test_no_future_is_left_unresolved_when_submit_races_close(make_job):
     cfg = make_job(1, k=64)
+    def submit_many(client, futures):
+        for _ in range(50):
+            try:
+                futures.append(client.submit(lambda: 1))
+            except ClosedError:
+                return
+
     for _ in range(20):
         client = Client(cfg, 0)
         futures = []
-
-        def submit_many():
-            for _ in range(50):
-                try:
-                    futures.append(client.submit(lambda: 1))
-                except ClosedError:
-                    return
-
-        t = threading.Thread(target=submit_many)
+        t = threading.Thread(target=submit_many, args=(client, futures))
         t.start()
         client.close()
         t.join()
