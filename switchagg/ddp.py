@@ -44,7 +44,7 @@ class SwitchAggState:
         client, problem = None, ""
         try:
             client = Client(config, rank, **client_options)
-            client.probe(probe_timeout)
+            client.join(probe_timeout)  # the switch admits it, and every rank joins this run's session
         except (SwitchAggError, OSError) as exc:
             problem = f"rank {rank}: {exc}"
         problems: list[str] = [""] * world

@@ -98,3 +98,44 @@ def train(rank: int, world: int, cfg_toml: str, port: int, steps: int, queue, st
         queue.put((rank, "done", out))
     except Exception:  # noqa: BLE001
         queue.put((rank, "error", traceback.format_exc()))
+
+
+def amp_skip(rank: int, world: int, cfg_toml: str, port: int, steps: int, queue, bad_step: int = 2) -> None:
+    """GradScaler under DDP, both modes: rank 0's gradients hold an inf at ``bad_step`` (an fp16
+    overflow); every rank must skip that step (its parameters unchanged) and lower the scale."""
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+        cfg = JobConfig.from_dict(tomllib.loads(cfg_toml))
+        out = {}
+        for mode in ("default", "switchagg"):
+            model = DDP(make_model(), bucket_cap_mb=0.004)
+            state = None
+            if mode == "switchagg":
+                state = SwitchAggState.create(cfg, stall_timeout=5.0, probe_timeout=30.0)
+                model.register_comm_hook(state, allreduce_hook)
+            step_now = [0]
+            first = next(model.parameters())
+            first.register_hook(lambda g, now=step_now: g * float("inf") if rank == 0 and now[0] == bad_step else g)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            skipped, scales = [], []
+            for step in range(steps):
+                step_now[0] = step
+                x, y = batch(rank, step)
+                opt.zero_grad()
+                before = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+                scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+                scaler.step(opt)
+                scaler.update()
+                after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                skipped.append(bool(torch.equal(before, after)))
+                scales.append(scaler.get_scale())
+            params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            out[mode] = {"skipped": skipped, "scales": scales, "params": params.numpy()}
+            if state is not None:
+                state.close()
+        queue.put((rank, "done", out))
+    except Exception:  # noqa: BLE001
+        queue.put((rank, "error", traceback.format_exc()))

@@ -131,3 +131,29 @@ def test_hook_returns_the_mean_in_the_bucket_dtype(make_job, dtype):
         assert not isinstance(o, BaseException), o
         assert o.dtype == getattr(torch, dtype) and o.shape == (1000,)
         assert torch.allclose(o.float(), exact, rtol=tol, atol=tol)
+
+
+def test_grad_scaler_skips_a_step_whose_gradients_overflowed_on_one_rank(soft_switch):
+    """Rank 0's gradient holds an inf at step 2 (an fp16 overflow under AMP): through the hook every rank
+    gets it, so torch.amp.GradScaler skips that step on every rank and lowers its scale, as with gloo;
+    the steps after it train on finite sums."""
+    from .ddp_worker import amp_skip
+
+    world = 2
+    cfg = loopback_config(world, switch_port=soft_switch.address[1], k=256, slot_count=8)
+    soft_switch.add_job(cfg)
+    ctx = tmp.get_context("spawn")
+    queue = ctx.Queue()
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    procs = [ctx.Process(target=amp_skip, args=(r, world, cfg.to_toml(), port, 5, queue), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = collect(queue, world)
+    for p in procs:
+        p.join(30)
+    for r in range(world):
+        run = results[r][1]
+        assert run["switchagg"]["skipped"] == run["default"]["skipped"] == [False, False, True, False, False]
+        assert run["switchagg"]["scales"] == run["default"]["scales"]
+        assert (run["switchagg"]["params"] == results[0][1]["switchagg"]["params"]).all()
