@@ -607,3 +607,38 @@ def test_native_reduction_refuses_what_does_not_fit():
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
     with pytest.raises(RuntimeError, match="not initialised"):
         _native.Stream.__new__(_native.Stream).next_deadline()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_a_long_run_crosses_the_chunk_ids_wrap_around_bit_exact(impl, dtype):
+    """Chunk ids compare in serial-number order: a run that started near 2**32 (as a long one gets
+    there) crosses the wrap-around under loss, duplication and reordering, and every call's sums are
+    exactly those of the same calls run from id 0."""
+    job = Job(n=3, slots=4, k=8)
+    rng = np.random.default_rng(5)
+    xs = [(rng.integers(-1000, 1000, 8 * 7) if dtype == np.int32 else rng.standard_normal(8 * 7)).astype(dtype)
+          for _ in range(job.n)]
+    lossy = Impairment(loss=0.05, dup=0.02, latency=0.001, jitter=0.002)
+
+    def run(first_id: int) -> tuple[list[np.ndarray], list[int]]:
+        model = SwitchModel(16)
+        model.add_job(job.entry())
+        net = SimNet(model, lossy, lossy, seed=11, impl=impl)
+        workers = [net.add_worker(job, r, next_id=first_id) for r in range(job.n)]
+        results = []
+        for _ in range(6):  # 6 calls of a call round (4) and 7 chunks: 66 ids
+            for w, x in zip(workers, xs, strict=True):
+                net.start(w, x)
+            net.run()
+            assert all(w.error is None and w.red.done for w in workers)
+            results.append(workers[0].out.copy())
+            assert all(np.array_equal(w.out, workers[0].out) for w in workers)
+        return results, [w.next_id for w in workers]
+
+    wrapped, ids = run(2**32 - 30)
+    plain, _ = run(0)
+    assert all(i == 36 for i in ids)  # the run went past 2**32 - 1 and back to small ids
+    for a, b in zip(wrapped, plain, strict=True):
+        assert a.tobytes() == b.tobytes()
+    if dtype == np.int32:
+        assert np.array_equal(plain[0], np.sum(xs, axis=0, dtype=np.int32))
