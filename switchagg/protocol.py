@@ -752,6 +752,5 @@ def stall_error(params: StreamParams, waiting: list[tuple[int, int, int]], n_don
     if not started:
         return JobNotStarted(
             f"{what} The job never started: check that the switch runs and admits this job "
-            f"(`switchagg status`), that all {params.n_workers} workers started, and that the "
-            f"job's generation is current (a job that ran before needs `switchagg reset`).")
+            f"(`switchagg status`), and that all {params.n_workers} workers started.")
     return StallError(f"{what} A peer stopped or the switch stopped answering.")
