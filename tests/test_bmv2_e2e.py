@@ -73,7 +73,8 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
             assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
             assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
             assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
-    bmv2.Bmv2Target(bed.grpc_addr).reset(cfg.job_id)
+    # A restart with no reset (the same installed generation): the new run joins a session of its own,
+    # so the P4 program's copies of the last run serve it nothing (issue 27).
     for i in range(N):
         nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
     try:
@@ -124,3 +125,16 @@ def test_a_dead_worker_is_named_by_the_p4_program(bed, job, tmp_path):
     for r in range(N - 1):
         assert procs[r].returncode != 0 and "StallError" in errs[r], errs[r][-3000:]
         assert f"waits for workers [{N - 1}]" in errs[r], errs[r][-3000:]
+
+
+def test_mismatched_calls_raise_on_every_rank_through_the_p4_program(bed, job, tmp_path):
+    """The last rank allreduces one value more than the others: every rank raises CallMismatch, naming
+    both lengths, from the P4 program's sum of the call round (issue 27)."""
+    cfg, path = job
+    procs = [bed.exec(r, [sys.executable, "-m", "tests.netns_worker", str(path), str(r), str(tmp_path / f"{r}.npz"),
+                          "1", str(SIZE + (r == N - 1))], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+             for r in range(N)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    for r in range(N):
+        assert procs[r].returncode != 0 and "CallMismatch" in errs[r], errs[r][-3000:]
+        assert f"{SIZE} " in errs[r] and f"{SIZE + 1} " in errs[r], errs[r][-3000:]

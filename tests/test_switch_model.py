@@ -60,7 +60,7 @@ def jc(m, job_id=1):
 
 def test_power_up_state_is_empty_so_chunk_zero_is_a_first_write(sw):
     assert sw.process(pkt(0, 0), src(0)) == []
-    assert sw.slot_state(1, 0)[0] == {"copy": 0, "chunk": 0, "bitmap": 1, "count": 1}
+    assert sw.slot_state(1, 0)[0] == {"copy": 0, "generation": 9, "chunk": 0, "bitmap": 1, "count": 1}
 
 
 def test_first_writes_later_add_last_multicasts_to_every_worker(sw):
@@ -81,7 +81,7 @@ def test_new_chunk_on_a_copy_resets_it(sw):
     for w in range(3):
         sw.process(pkt(w, 1, [5] * K), src(w))
     sw.process(pkt(0, 9, [1] * K), src(0))  # a newer chunk: write, not add
-    assert sw.slot_state(1, 0)[0] == {"copy": 0, "chunk": 9, "bitmap": 1, "count": 1}
+    assert sw.slot_state(1, 0)[0] == {"copy": 0, "generation": 9, "chunk": 9, "bitmap": 1, "count": 1}
     sw.process(pkt(1, 9, [1] * K), src(1))
     out = sw.process(pkt(2, 9, [1] * K), src(2))
     assert decode(out[0])[1].tolist() == [3] * K
