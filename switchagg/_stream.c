@@ -231,7 +231,7 @@ static void win_on_resend_result(Win *w, double wait) {
 
 /* Window.probe_timeout */
 static double probe_timeout(const Win *w) {
-    double rtt = w->recent_rtt < INFINITY ? w->recent_rtt : w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto;
+    double rtt = w->recent_rtt < INFINITY ? w->recent_rtt : w->min_rtt < INFINITY ? w->min_rtt : 0.0;
     return dmax(w->lossy ? MIN_PROBE_LOSSY : MIN_PROBE, 2 * rtt);
 }
 
@@ -526,7 +526,8 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     unlist(s, t);
     s->last_send[t] = now;
     s->order[t] = s->n_sends++;
-    timer_set(s, t, now + resend_wait(s, retries));
+    /* before the job answered, as a resend waits then: the RTO, backing off (peers may be starting) */
+    timer_set(s, t, now + (s->started ? resend_wait(s, retries) : win_timeout_for(&s->w, retries)));
     list_insert(&s->sends, t, s->sends.tail);
     return 0;
 }

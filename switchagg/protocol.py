@@ -254,7 +254,7 @@ class Window:
         """Silence that makes a call probe (resend its newest packet sent once): two recent shortest
         round trips (before any, two smoothed ones), at least :data:`MIN_PROBE`, or
         :data:`MIN_PROBE_LOSSY` on a path that is losing packets (silence is likelier loss there)."""
-        rtt = self.recent_rtt if self.recent_rtt < math.inf else self.srtt or self.rto
+        rtt = self.recent_rtt if self.recent_rtt < math.inf else self.min_rtt if self.min_rtt < math.inf else 0.0
         return max(MIN_PROBE_LOSSY if self.lossy else MIN_PROBE, 2 * rtt)
 
     @property
@@ -529,7 +529,8 @@ class Reduction:
             return
         # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
         # (RACK), and the timer backs that up.
-        wait = self._resend_wait(entry[1])
+        # before the job answered, as a resend waits then: the RTO, backing off (peers may be starting)
+        wait = self._resend_wait(entry[1]) if self.started else self.window.timeout_for(entry[1])
         del self._outstanding[t]
         entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + wait, WAITING
         self._outstanding[t] = entry

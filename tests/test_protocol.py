@@ -240,6 +240,70 @@ def test_a_resent_packets_wait_follows_those_before_it_and_a_stall_does_not_stre
     assert win.resend_timeout == MIN_RESEND
 
 
+def test_the_probe_waits_on_the_paths_round_trip_not_on_results_that_waited_for_peers():
+    """A result of a call of a packet or two waits for the slowest peer, and when a peer lost its
+    contribution, for that peer's own recovery: such round trips (never settled, so never the
+    recent shortest one) made the smoothed round trip that the probe fell back on 0.1 s and more,
+    every probe and first resend twice that, and every peer's next round trip longer again (on the
+    loss bed, 7 workers at 5% a hop: calls of 1-64 values took 0.1-0.6 s instead of 2-4 ms). The
+    probe waits on the path's round trip: the recent shortest, else the shortest seen, else its floor."""
+    win = Window(max_size=8)
+    assert win.probe_timeout == win.resend_timeout == MIN_PROBE  # nothing measured: not two initial RTOs
+    win.on_result(0.0005, 0.0, settled=False)  # the path: half a millisecond
+    for i in range(8):
+        win.on_result(0.2, 0.1 * i, settled=False)  # results that waited for a peer's recovery
+    assert win.srtt > 0.1 and win.rto > 0.2 and win.recent_rtt == math.inf
+    assert win.probe_timeout == win.resend_timeout == MIN_PROBE
+    slow = Window(max_size=8)
+    slow.on_result(0.02, 0.0, settled=False)  # a slow path: two shortest round trips
+    assert slow.probe_timeout == pytest.approx(0.04)
+
+
+def _small_calls(impl: str, seed: int, loss: float) -> tuple[list[float], list]:
+    """7 workers (query) do a sequence of small calls, int32 and float32, after a first call that the
+    ranks reach 0.1 s apart (as processes start), so that it teaches no round trip (Karn): each
+    call's virtual time, and every packet sent."""
+    job = Job(n=7, slots=16, k=16, ask_first=True)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    up, down = Impairment(loss=loss, dup=loss / 5, latency=0.0005), Impairment(loss=loss, latency=0.0005)
+    net = SimNet(model, up, down, seed=seed, impl=impl)
+    ws = [net.add_worker(job, r) for r in range(job.n)]
+    rng = np.random.default_rng(seed)
+    times = []
+    for i, size in enumerate([16] + [1, 2, 5, 16, 40, 100, 300, 3, 33, 7] * 2):
+        xs = data(job.n, size, seed=rng.integers(1 << 30), dtype=np.int32 if i % 2 == 0 else np.float32)
+        start = net.now
+        for r, (w, x) in enumerate(zip(ws, xs, strict=True)):
+            if i == 0:
+                net.run(until=r * 0.1)
+                net.now = max(net.now, r * 0.1)
+            net.start(w, x)
+        net.run()
+        assert all(w.error is None and w.red.done for w in ws)
+        if i:
+            times.append(net.now - start)
+    return times, net.sent_log
+
+
+@pytest.mark.parametrize("seed", [1, 2, 7])
+def test_small_calls_under_loss_cost_a_few_probes_not_learned_peer_waits(seed, impl):
+    """7 workers at 5% loss a hop: a small call that loses a packet costs it a probe or two and a
+    resend or two, each from MIN_PROBE and doubling: at most 15 MIN_PROBE (10 + 20 + 40 + 80 ms)
+    over its lossless time. Before the probe waited on the path's round trip, the first calls took
+    0.1-0.3 s more than that, and their peers' next calls longer again."""
+    lossless, _ = _small_calls(impl, 0, 0.0)
+    lossy, _ = _small_calls(impl, seed, 0.05)
+    excess = [a - b for a, b in zip(lossy, lossless, strict=True)]
+    assert max(excess) < 15 * MIN_PROBE, [round(e, 3) for e in excess]
+
+
+def test_both_implementations_time_small_calls_after_a_start_that_taught_nothing_alike():
+    """The C stream's probe falls back on the shortest round trip as Python's does, and on nothing
+    before any: the same packets at the same times."""
+    assert _small_calls("python", 7, 0.05) == _small_calls("native", 7, 0.05)
+
+
 def test_the_c_stream_has_the_windows_fields_and_the_protocols_constants():
     from switchagg import _native
 

@@ -10,9 +10,15 @@ lossless time (the median over the rounds, and its range), the contributions res
 packets sent (in the timed calls, not the warm-up that waits for every rank to start), each over
 the packets nftables dropped (its own counters), and whether every sum came out bit-exact (int32
 against numpy, float32 against the lossless run, on every rank), for each ``loss_recovery`` of the
-job (``resend``: every worker resends; ``query``: workers ask the switch first). Needs root, ``ip``
-and ``nft``; it makes its namespaces and addresses (10.81.0.0/24, inside them only) and removes
-them when done.
+job (``resend``: every worker resends; ``query``: workers ask the switch first). Then each worker
+runs a seeded sequence of calls of random sizes (``RANDOM_CALLS`` of 1 to 256k values, int32 or
+float32 at random, the same sequence on every rank and in every run): a call's time is the slowest
+rank's, and the bench prints the median, p99 and worst of each call's time over the same call's in
+the lossless run, and the sequence's total over the lossless total. The fixed sequence starts with
+its largest calls in a fresh client; the random one mixes small calls between large ones, whatever
+the window learned before (issue 27: small calls then stalled for 0.1-0.6 s at 5% loss). Needs
+root, ``ip`` and ``nft``; it makes its namespaces and addresses (10.81.0.0/24, inside them only)
+and removes them when done.
 
 ``python -m switchagg.benchmarks.loss CONFIG RANK OUT`` is one worker.
 """
@@ -42,6 +48,9 @@ PREFIX = "salb"
 SWITCH_IP = "10.81.0.254"
 RATES = (0.0, 0.1, 1.0, 5.0)  # percent, on each hop
 DUP = 1  # percent duplicated at the highest rate
+RANDOM_CALLS = 40  # calls in the random sequence
+RANDOM_MAX = 1 << 18  # values in its largest call
+RANDOM_SEED = 27
 
 
 class Row(NamedTuple):
@@ -57,9 +66,28 @@ class Row(NamedTuple):
     asked: int  # QUERY packets, all ranks and rounds
     dropped: int  # by nftables, all rounds
     exact: bool  # in every round
+    random_seconds: float  # the random sequence: its time, the median over the rounds
+    random_total: float  # its time over the lossless one, the median over the rounds
+    random_median: float  # each call's time over its lossless time, all rounds' calls: the median,
+    random_p99: float  # the 99th percentile
+    random_worst: float  # and the most
 
     def per_drop(self, what: int) -> str:
         return f"{what / self.dropped:.2f}" if self.dropped else "-"
+
+
+def random_calls(count: int = RANDOM_CALLS, seed: int = RANDOM_SEED) -> list[tuple[int, bool]]:
+    """The random sequence: (length, whether float32) of each call, 1 to ``RANDOM_MAX`` values."""
+    rng = np.random.default_rng(seed)
+    return [(int(n), bool(f)) for n, f in zip(rng.integers(1, RANDOM_MAX + 1, count), rng.random(count) < 0.5,
+                                              strict=True)]
+
+
+def call_slowdowns(times: np.ndarray, lossless: np.ndarray) -> tuple[float, float, float, float]:
+    """Each call's time over the same call's lossless time: its median, p99 and worst, and the total's."""
+    ratios = np.asarray(times) / np.asarray(lossless)
+    return (float(np.median(ratios)), float(np.percentile(ratios, 99)), float(ratios.max()),
+            float(np.sum(times) / np.sum(lossless)))
 
 
 def inputs(rank: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,6 +112,14 @@ def _worker(config: str, rank: int, out: str) -> None:
         results["seconds"] = np.array(time.perf_counter() - start)
         results["resent"] = np.array(client.retransmissions - warmup[0])
         results["asked"] = np.array(client.queries - warmup[1])
+        # when each call of the random sequence ended (the system's monotonic clock, which every rank
+        # shares): the last rank's end of one call to the last rank's end of the next is that call's time
+        marks = [time.perf_counter()]
+        for i, (length, floats) in enumerate(random_calls()):
+            f, ints = inputs(rank, length)
+            results[f"r{i}"] = client.allreduce(f if floats else ints)[:64]  # its first values, to check
+            marks.append(time.perf_counter())
+        results["marks"] = np.array(marks)
     np.savez(out, **results)
 
 
@@ -174,12 +210,23 @@ def _run(cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.ndarray]], fl
     return runs, max(float(r["seconds"]) for r in runs)
 
 
+def call_times(ranks: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """Each call of the random sequence's time: from the last rank's end of the call before to its end of this."""
+    return np.diff(np.max([r["marks"] for r in ranks], axis=0))
+
+
 def _exact(runs: list[dict[str, np.ndarray]], lossless: list[dict[str, np.ndarray]], n: int) -> bool:
     for length in PRIMES:
         ints = np.sum([inputs(w, length)[1].astype(np.int64) for w in range(n)], axis=0).astype(np.int32)
         for r, base in zip(runs, lossless, strict=True):
             if not (np.array_equal(r[f"i{length}"], ints) and np.array_equal(r[f"f{length}"], base[f"f{length}"])
                     and np.array_equal(r[f"f{length}"], runs[0][f"f{length}"])):
+                return False
+    for i, (length, floats) in enumerate(random_calls()):
+        ints = np.sum([inputs(w, length)[1][:64].astype(np.int64) for w in range(n)], axis=0).astype(np.int32)
+        for r, base in zip(runs, lossless, strict=True):
+            if not (np.array_equal(r[f"r{i}"], base[f"r{i}"]) and np.array_equal(r[f"r{i}"], runs[0][f"r{i}"])
+                    and (floats or np.array_equal(r[f"r{i}"], ints))):
                 return False
     return True
 
@@ -224,14 +271,18 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
                     _impair(n, rate, DUP if rate == max(rates) and rate else 0)
                     with tempfile.TemporaryDirectory() as tmp:
                         ranks, seconds = _run(cfg, Path(tmp))
-                    lossless = lossless or _Run(seconds, ranks, 0, 0, 0, True, seconds)
+                    calls = call_times(ranks)
+                    lossless = lossless or _Run(seconds, ranks, 0, 0, 0, True, seconds, calls, calls)
                     run = _Run(seconds, ranks, sum(int(r["resent"]) for r in ranks),
                                sum(int(r["asked"]) for r in ranks), _dropped(n), _exact(ranks, lossless.ranks, n),
-                               lossless.seconds)
+                               lossless.seconds, calls, lossless.calls)
+                    median, p99, worst, total = call_slowdowns(calls, lossless.calls)
                     runs_of.setdefault((recovery, rate), []).append(run)
                     print(f"{n} workers, {recovery}, {rate:g}% loss, round {rnd + 1}: {seconds:.2f} s "
                           f"({seconds / run.lossless:.2f}x lossless), resent {run.resent}, asked {run.asked}, "
-                          f"dropped {run.dropped}, {'bit-exact' if run.exact else 'NOT EXACT'}", flush=True)
+                          f"dropped {run.dropped}, {'bit-exact' if run.exact else 'NOT EXACT'}; random sequence "
+                          f"{calls.sum():.2f} s ({total:.2f}x), per call median {median:.2f}x p99 {p99:.2f}x "
+                          f"worst {worst:.2f}x", flush=True)
             for (recovery, rate), runs in runs_of.items():
                 table.setdefault((n, recovery), []).append(_row(recovery, rate, runs))
     finally:
@@ -244,8 +295,17 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
             print(f"{n:>7}  {r.recovery:>8}  {r.rate:>5g}  {r.seconds:>7.2f}  {r.slowdown:>10.2f}  {spread:>9}  "
                   f"{r.resent:>6}  {r.asked:>5}  {r.dropped:>7}  {r.per_drop(r.resent):>14}  "
                   f"{r.per_drop(r.asked):>13}  {'yes' if r.exact else 'NO'}")
+    print(f"random sequence ({RANDOM_CALLS} calls of 1-{RANDOM_MAX} values, seed {RANDOM_SEED}): each call's time "
+          "over the same call's lossless time, all rounds' calls; the total's, the median over the rounds")
+    print("workers  recovery  loss%  seconds  total_x  median_x  p99_x  worst_x")
+    for (n, _), rows in table.items():
+        for r in rows:
+            print(f"{n:>7}  {r.recovery:>8}  {r.rate:>5g}  {r.random_seconds:>7.2f}  {r.random_total:>7.2f}  "
+                  f"{r.random_median:>8.2f}  {r.random_p99:>5.2f}  {r.random_worst:>7.2f}")
     print("slowdown_at_max_loss=" + " ".join(f"{n}w-{recovery}:{rows[-1].slowdown:.2f}"
                                               for (n, recovery), rows in table.items()))
+    print("random_at_max_loss=" + " ".join(f"{n}w-{recovery}:total {rows[-1].random_total:.2f} "
+                                           f"p99 {rows[-1].random_p99:.2f}" for (n, recovery), rows in table.items()))
     if plot:
         _plot(plot, table)
         print(f"plot: {plot}", file=sys.stderr)
@@ -262,13 +322,18 @@ class _Run(NamedTuple):
     dropped: int
     exact: bool
     lossless: float  # the same round's lossless time
+    calls: np.ndarray  # each call of the random sequence's time
+    lossless_calls: np.ndarray  # and in the same round's lossless run
 
 
 def _row(recovery: str, rate: float, runs: list[_Run]) -> Row:
     ratios = [r.seconds / r.lossless for r in runs]
+    median, p99, worst, _ = call_slowdowns(np.concatenate([r.calls for r in runs]),
+                                           np.concatenate([r.lossless_calls for r in runs]))
     return Row(recovery, rate, float(np.median([r.seconds for r in runs])), float(np.median(ratios)), min(ratios),
                max(ratios), sum(r.resent for r in runs), sum(r.asked for r in runs), sum(r.dropped for r in runs),
-               all(r.exact for r in runs))
+               all(r.exact for r in runs), float(np.median([r.calls.sum() for r in runs])),
+               float(np.median([r.calls.sum() / r.lossless_calls.sum() for r in runs])), median, p99, worst)
 
 
 def _plot(path: str, table: dict[tuple[int, str], list[Row]]) -> None:
