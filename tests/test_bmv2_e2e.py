@@ -60,9 +60,7 @@ def allreduce_run(bed, path, out: Path) -> list[dict]:
 
 
 def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, tmp_path):
-    from switchagg.targets import bmv2
-
-    cfg, path = job
+    _, path = job
     clean = allreduce_run(bed, path, tmp_path / "clean")
     for r in clean:
         assert_segmented(str(r["backend"]))
