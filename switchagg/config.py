@@ -17,11 +17,19 @@ Example (``docs/protocol.md`` explains the fields)::
 
     [[workers]]                   # rank 0, then rank 1, ...
     address = "10.0.0.1:40000"
+    # mac = "02:5a:00:00:00:01"   # the P4 targets: the worker's Ethernet address ...
+    # switch_port = 1             # ... and the switch port it hangs off
+
+Every key and table is checked: one this module does not know is refused with the nearest known
+name (a typo would otherwise leave a default silently in force), and every value is checked for
+its type and range before anything uses it.
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +54,20 @@ LOSS_RECOVERY = {
 }
 
 
+# The keys of each table of a job file; from_dict refuses any other, naming the nearest of these.
+SWITCH_KEYS = ("address", "control")
+JOB_KEYS = ("id", "key", "slot_base", "slot_count", "values_per_packet", "loss_recovery", "generation")
+WORKER_KEYS = ("address", "mac", "switch_port")
+
+# Tables a target reads from the job file, beside [switch], [job] and [[workers]], with their keys:
+# none today (BMv2 and Tofino take all they need from those three and from the command line). A
+# target that wants its own table registers it here; from_dict keeps it in JobConfig.extra.
+TARGET_TABLES: dict[str, tuple[str, ...]] = {}
+
+MAX_SWITCH_PORT = 511  # a port id is 9 bits on BMv2 (v1model's egress_spec) and on Tofino (PortId_t)
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """An IPv4 address and UDP port."""
@@ -55,8 +77,10 @@ class Endpoint:
 
     @classmethod
     def parse(cls, text: str, what: str) -> Endpoint:
-        host, sep, port = str(text).rpartition(":")
-        if not sep or not port.isdigit():
+        if not isinstance(text, str):
+            raise ConfigError(f"{what} = {text!r}: write it as a string 'IPv4:port', e.g. '127.0.0.1:16711'")
+        host, sep, port = text.rpartition(":")
+        if not sep or not (port.isascii() and port.isdigit()):
             raise ConfigError(f"{what} = {text!r}: write it as 'IPv4:port', e.g. '127.0.0.1:16711'")
         try:
             ipaddress.IPv4Address(host)
@@ -100,6 +124,11 @@ class JobConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        """Refuse, naming the field and what to write, anything a worker or a switch could not use."""
+        if not isinstance(self.switch, Endpoint):
+            raise ConfigError(f"switch.address = {self.switch!r}: give an Endpoint, e.g. Endpoint('127.0.0.1', 16711)")
+        if self.control is not None and not isinstance(self.control, Endpoint):
+            raise ConfigError(f"switch.control = {self.control!r}: give an Endpoint, or None for no control port")
         _check_range("job.id", self.job_id, 0, 0xFFFF)
         _check_range("job.key", self.key, 0, 0xFFFFFFFF)
         _check_range("job.slot_base", self.slot_base, 0, 0xFFFF)
@@ -107,20 +136,30 @@ class JobConfig:
         _check_range("job.values_per_packet", self.values_per_packet, 1, MAX_VALUES_PER_PACKET)
         if self.generation is not None:
             _check_range("job.generation", self.generation, 1, 0xFFFFFFFF)
-        if self.loss_recovery not in LOSS_RECOVERY:
+        if not isinstance(self.loss_recovery, str) or self.loss_recovery not in LOSS_RECOVERY:
             raise ConfigError(f"job.loss_recovery = {self.loss_recovery!r}: use one of "
                               + ", ".join(f'"{name}" ({what})' for name, what in LOSS_RECOVERY.items()))
+        if not isinstance(self.workers, tuple):
+            raise ConfigError(f"workers = {self.workers!r}: give a tuple of WorkerSpec, one per rank")
         if not 1 <= len(self.workers) <= MAX_WORKERS:
             raise ConfigError(
                 f"a job has 1..{MAX_WORKERS} workers, this one lists {len(self.workers)}: "
                 "fix the [[workers]] entries")
         seen = {}
         for rank, w in enumerate(self.workers):
+            _check_worker(rank, w)
             if w.address in seen:
                 raise ConfigError(
                     f"workers {seen[w.address]} and {rank} both use {w.address}: "
                     "give every worker its own address and port")
             seen[w.address] = rank
+        # Each call's first packets carry a call descriptor and a session nonce, one 32-bit word each,
+        # for every worker: a packet must have room for 2n values.
+        k, n = self.values_per_packet, len(self.workers)
+        if k < 2 * n:
+            raise ConfigError(
+                f"job.values_per_packet = {k} is below 2 x {n} workers: each call's first packet carries "
+                f"two values per worker; use values_per_packet >= {2 * n}")
 
     @property
     def n_workers(self) -> int:
@@ -146,19 +185,32 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        """A job from a parsed TOML document; refuses unknown tables and keys, naming the nearest known."""
+        if not isinstance(data, dict):
+            raise ConfigError("a job file holds tables: [switch], [job] and [[workers]]")
+        _check_tables(data)
         switch = _table(data, "switch")
+        _check_keys(switch, SWITCH_KEYS, "switch")
         job = _table(data, "job")
+        _check_keys(job, JOB_KEYS, "job")
         workers = data.get("workers")
         if not isinstance(workers, list) or not workers:
             raise ConfigError("list the workers as [[workers]] tables with an 'address' each")
-        control = switch.get("control")
+        for i, w in enumerate(workers):
+            if not isinstance(w, dict):
+                raise ConfigError(f"workers[{i}] = {w!r}: each worker is a [[workers]] table with an 'address'")
+            _check_keys(w, WORKER_KEYS, f"workers[{i}]")
+        extra = {}
+        for name in TARGET_TABLES:
+            if name in data:
+                extra[name] = _table(data, name)
+                _check_keys(extra[name], TARGET_TABLES[name], name)
+        # K first: the default slot count is worked out from it
         k = job.get("values_per_packet", P4_VALUES_PER_PACKET)
-        if not isinstance(k, int):
-            raise ConfigError(f"job.values_per_packet = {k!r}: it must be an integer")
-        extra = {k: v for k, v in data.items() if k not in ("switch", "job", "workers")}
+        _check_range("job.values_per_packet", k, 1, MAX_VALUES_PER_PACKET)
         return cls(
             switch=Endpoint.parse(_get(switch, "address", "switch"), "switch.address"),
-            control=Endpoint.parse(control, "switch.control") if control else None,
+            control=Endpoint.parse(switch["control"], "switch.control") if "control" in switch else None,
             job_id=_get(job, "id", "job"),
             key=_get(job, "key", "job"),
             slot_base=job.get("slot_base", 0),
@@ -222,10 +274,57 @@ def _toml_value(v: Any) -> str:
 
 
 def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
-    table = data.get(name)
-    if not isinstance(table, dict):
+    if name not in data:
         raise ConfigError(f"the [{name}] table is missing")
+    table = data[name]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{name} = {table!r}: [{name}] is a table, write it as a [{name}] header with keys below")
     return table
+
+
+def _check_tables(data: dict[str, Any]) -> None:
+    """Refuse a table this module does not know, naming the nearest known one (or, for a key written
+    above every table, the table it belongs in)."""
+    tables = ("switch", "job", "workers", *TARGET_TABLES)
+    homes = {"switch": SWITCH_KEYS, "job": JOB_KEYS, "workers": WORKER_KEYS, **TARGET_TABLES}
+    for name, value in data.items():
+        if name in tables:
+            continue
+        if not isinstance(value, dict | list):  # a key above the first table header
+            home = next((t for t, keys in homes.items() if name in keys), None)
+            where = f"move it under {_header(home)}" if home else f"the tables are {', '.join(map(_header, tables))}"
+            raise ConfigError(f"{name} = {value!r} stands outside every table: {where}")
+        close = difflib.get_close_matches(str(name), tables, n=1)
+        hint = f"did you mean {_header(close[0])}?" if close else f"the tables are {', '.join(map(_header, tables))}"
+        raise ConfigError(f"[{name}] is not a known table: {hint}")
+
+
+def _header(table: str) -> str:
+    return "[[workers]]" if table == "workers" else f"[{table}]"
+
+
+def _check_keys(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse a key that is not in ``known``, naming the nearest one: a typo must not leave a default in force."""
+    for key in table:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the keys there are {', '.join(known)}"
+        raise ConfigError(f"{where}.{key} is not a known key: {hint}")
+
+
+def _check_worker(rank: int, w: WorkerSpec) -> None:
+    """A worker's fields: its address an Endpoint, and what the P4 targets need, where given, well formed."""
+    if not isinstance(w, WorkerSpec) or not isinstance(w.address, Endpoint):
+        raise ConfigError(f"workers[{rank}] = {w!r}: give a WorkerSpec with an Endpoint address")
+    if w.mac is not None:
+        if not isinstance(w.mac, str) or not _MAC.fullmatch(w.mac):
+            raise ConfigError(f"workers[{rank}].mac = {w.mac!r}: write six hex bytes, e.g. \"02:5a:00:00:00:01\"")
+        if int(w.mac[:2], 16) & 1:
+            raise ConfigError(f"workers[{rank}].mac = {w.mac!r} is a multicast address: give the worker's own "
+                              "(unicast) Ethernet address")
+    if w.switch_port is not None:
+        _check_range(f"workers[{rank}].switch_port", w.switch_port, 0, MAX_SWITCH_PORT)
 
 
 def _get(table: dict[str, Any], key: str, where: str) -> Any:

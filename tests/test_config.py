@@ -1,0 +1,145 @@
+"""A job file that is wrong in any way is refused with a message that names the field and what to write."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from switchagg import ConfigError, Endpoint, JobConfig, WorkerSpec
+
+GOOD = """
+[switch]
+address = "127.0.0.1:16711"
+control = "127.0.0.1:16712"
+
+[job]
+id = 1
+key = 0x5eed
+{job}
+
+[[workers]]
+address = "127.0.0.1:40000"
+{worker}
+
+[[workers]]
+address = "127.0.0.1:40001"
+{extra}
+"""
+
+
+def parse(job: str = "", worker: str = "", extra: str = "") -> JobConfig:
+    return JobConfig.from_dict(tomllib.loads(GOOD.format(job=job, worker=worker, extra=extra)))
+
+
+def refused(match: str, **parts: str) -> str:
+    with pytest.raises(ConfigError, match=match) as info:
+        parse(**parts)
+    return str(info.value)
+
+
+def test_a_good_file_reads_and_writes_back_unchanged(tmp_path):
+    cfg = parse(job="values_per_packet = 64\nloss_recovery = \"query\"\ngeneration = 5",
+                worker='mac = "02:5a:00:00:00:01"\nswitch_port = 3')
+    assert cfg.workers[0].mac == "02:5a:00:00:00:01" and cfg.workers[0].switch_port == 3
+    assert JobConfig.from_file(cfg.write(tmp_path / "job.toml")) == cfg
+
+
+@pytest.mark.parametrize(("parts", "message"), [
+    ({"job": "valeus_per_packet = 8"}, "job.valeus_per_packet is not a known key: did you mean values_per_packet?"),
+    ({"job": "slot_cout = 8"}, "job.slot_cout is not a known key: did you mean slot_count?"),
+    ({"job": "loss_recovry = \"query\""}, "job.loss_recovry is not a known key: did you mean loss_recovery?"),
+    ({"worker": "adress = \"127.0.0.1:5\""}, "workers[0].adress is not a known key: did you mean address?"),
+    ({"worker": "switchport = 3"}, "workers[0].switchport is not a known key: did you mean switch_port?"),
+    ({"extra": "[jobs]\nid = 2"}, "[jobs] is not a known table: did you mean [job]?"),
+    ({"extra": "[bmv2]\ngrpc = 1"}, "[bmv2] is not a known table: the tables are [switch], [job], [[workers]]"),
+    ({"job": "zzz = 1"}, "job.zzz is not a known key: the keys there are id, key, slot_base"),
+])
+def test_unknown_keys_and_tables_name_the_nearest_known_one(parts, message):
+    """A typo used to be ignored, leaving the default in force (valeus_per_packet = 8 gave K = 64)."""
+    assert message in refused(".", **parts)
+
+
+def test_a_key_above_every_table_is_told_where_it_belongs():
+    with pytest.raises(ConfigError, match=r"values_per_packet = 8 stands outside every table: move it under \[job\]"):
+        JobConfig.from_dict(tomllib.loads("values_per_packet = 8\n" + GOOD.format(job="", worker="", extra="")))
+
+
+def test_the_switch_table_s_keys_are_checked_too():
+    with pytest.raises(ConfigError, match="switch.contrl is not a known key: did you mean control?"):
+        JobConfig.from_dict(tomllib.loads(GOOD.replace("control =", "contrl =").format(job="", worker="", extra="")))
+
+
+@pytest.mark.parametrize(("job", "message"), [
+    ("values_per_packet = 0", r"job.values_per_packet = 0: it must be an integer in 1..16370"),  # ZeroDivisionError
+    ("values_per_packet = -4", r"job.values_per_packet = -4: it must be an integer in 1..16370"),
+    ("values_per_packet = 64.0", r"job.values_per_packet = 64.0: it must be an integer"),
+    ("values_per_packet = true", r"job.values_per_packet = True: it must be an integer"),
+    ("values_per_packet = \"64\"", r"job.values_per_packet = '64': it must be an integer"),
+    ("slot_count = 0", r"job.slot_count = 0: it must be an integer in 1..65535"),
+    ("slot_base = -1", r"job.slot_base = -1"),
+    ("generation = 0", r"job.generation = 0"),
+    ("loss_recovery = [\"query\"]", r"job.loss_recovery = \['query'\]: use one of"),  # was a TypeError
+])
+def test_every_job_field_is_range_and_type_checked_before_use(job, message):
+    refused(message, job=job)
+
+
+@pytest.mark.parametrize(("worker", "message"), [
+    ("mac = 5", r"workers\[0\].mac = 5: write six hex bytes"),
+    ("mac = \"02:5a:00:00:01\"", r"workers\[0\].mac = '02:5a:00:00:01': write six hex bytes"),
+    ("mac = \"02-5a-00-00-00-01\"", r"workers\[0\].mac = '02-5a-00-00-00-01': write six hex bytes"),
+    ("mac = \"ff:ff:ff:ff:ff:ff\"", r"is a multicast address: give the worker's own \(unicast\)"),
+    ("switch_port = 512", r"workers\[0\].switch_port = 512: it must be an integer in 0..511"),
+    ("switch_port = -1", r"workers\[0\].switch_port = -1"),
+    ("switch_port = \"3\"", r"workers\[0\].switch_port = '3'"),
+    ("switch_port = true", r"workers\[0\].switch_port = True"),
+])
+def test_the_p4_targets_worker_fields_are_checked_where_given(worker, message):
+    refused(message, worker=worker)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('address = 16711', r"switch.address = 16711: write it as a string 'IPv4:port'"),
+    ('address = "127.0.0.1:¹⁶⁷¹¹"', r"write it as 'IPv4:port'"),  # str.isdigit() takes superscripts; int() not
+    ('address = "127.0.0.1:0"', r"the port must be 1..65535"),
+    ('control = ""', r"switch.control = '': write it as 'IPv4:port'"),
+])
+def test_addresses_are_checked(text, message):
+    key = text.split(" ")[0]
+    doc = GOOD.replace(f'{key} = "127.0.0.1:{16711 if key == "address" else 16712}"', text)
+    with pytest.raises(ConfigError, match=message):
+        JobConfig.from_dict(tomllib.loads(doc.format(job="", worker="", extra="")))
+
+
+def test_tables_of_the_wrong_shape_are_refused_not_crashed_on():
+    with pytest.raises(ConfigError, match=r"workers\[0\] = 5: each worker is a \[\[workers\]\] table"):
+        JobConfig.from_dict({"switch": {"address": "127.0.0.1:1"}, "job": {"id": 1, "key": 1}, "workers": [5]})
+    with pytest.raises(ConfigError, match=r"job = 5: \[job\] is a table"):
+        JobConfig.from_dict({"switch": {"address": "127.0.0.1:1"}, "job": 5, "workers": [{"address": "1.2.3.4:5"}]})
+    with pytest.raises(ConfigError, match=r"the \[switch\] table is missing"):
+        JobConfig.from_dict({"job": {"id": 1, "key": 1}, "workers": [{"address": "1.2.3.4:5"}]})
+
+
+def workers(n: int) -> tuple[WorkerSpec, ...]:
+    return tuple(WorkerSpec(Endpoint("127.0.0.1", 40000 + r)) for r in range(n))
+
+
+def test_values_per_packet_holds_two_words_per_worker():
+    """Each call's first packet carries a call descriptor and a session nonce for every worker."""
+    with pytest.raises(ConfigError) as info:
+        JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 9, workers(5))
+    assert str(info.value) == ("job.values_per_packet = 9 is below 2 x 5 workers: each call's first packet "
+                               "carries two values per worker; use values_per_packet >= 10")
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 10, workers(5)).values_per_packet == 10
+    # the P4 program's K = 64 holds the most workers a job may have
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 64, workers(32)).n_workers == 32
+    refused(r"job.values_per_packet = 3 is below 2 x 2 workers", job="values_per_packet = 3")
+
+
+def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():
+    with pytest.raises(ConfigError, match=r"workers\[1\].mac = 'nope'"):
+        JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 64,
+                  (WorkerSpec(Endpoint("127.0.0.1", 1)), WorkerSpec(Endpoint("127.0.0.1", 2), mac="nope")))
+    with pytest.raises(ConfigError, match="switch.address = '127.0.0.1:16711': give an Endpoint"):
+        JobConfig("127.0.0.1:16711", 1, 1, 0, 16, 64, workers(1))
