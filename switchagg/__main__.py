@@ -1,7 +1,10 @@
 """The ``switchagg`` command line (also ``python -m switchagg``).
 
 Each subcommand is a short function that parses its options and calls the module that does the
-work; the control-plane subcommands look their ``--target`` up in :mod:`switchagg.targets`.
+work; the control-plane subcommands look their ``--target`` up in :mod:`switchagg.targets`, and all
+of them default to the same one, ``soft`` (the embedded switch, which needs nothing installed). A
+flag the chosen mode would ignore is refused rather than dropped, and an error (a bad config, a busy
+port, a switch that does not answer) is one line on stderr and exit status 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,18 +19,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config import LOSS_RECOVERY, Endpoint, JobConfig
-from .errors import SwitchAggError
+from .errors import ConfigError, SwitchAggError
+
+DEFAULT_TARGET = "soft"  # what every control-plane subcommand talks to unless --target says otherwise
 
 
 def _cmd_switch(args: argparse.Namespace) -> int:
-    from .switch.server import NUM_SLOTS, SoftSwitch
-
     configs = [JobConfig.from_file(p) for p in args.config]
     address = Endpoint.parse(args.address, "--address") if args.address else configs[0].switch
     control = Endpoint.parse(args.control, "--control") if args.control else configs[0].control
+    if args.control_any_address and control is None:
+        raise ConfigError("--control-any-address: this switch has no control port (the config names no "
+                          "switch.control, and no --control is given): drop the flag, or give a control address")
+    if args.slots is not None and not 1 <= args.slots <= 0x10000:
+        raise ConfigError(f"--slots {args.slots}: a switch has 1..65536 slots")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS) as sw:
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return _serve_switch(args, configs, address, control, stop)
+    finally:  # main() may run inside another program (a test): leave its SIGTERM as it was
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_switch(args: argparse.Namespace, configs: list[JobConfig], address: Endpoint, control: Endpoint | None,
+                  stop: threading.Event) -> int:
+    from .switch.server import NUM_SLOTS, SoftSwitch
+
+    with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS,
+                    control_public=args.control_any_address) as sw:
         for cfg in configs:
             gen = sw.add_job(cfg)
             print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
@@ -55,6 +74,7 @@ def _write_ready(path: Path, address: tuple, control: tuple | None, backend: str
 
 
 def _target(args: argparse.Namespace, config: JobConfig | None = None):
+    """The target ``--target`` names, reached as the flags say; a target refuses the flags it has no use for."""
     from .targets import TargetOptions, open_target
 
     return open_target(args.target, TargetOptions(config=config, address=args.address,
@@ -136,35 +156,57 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return run_worker(args.config, args.rank, size=args.size, rounds=args.rounds)
 
 
+# The bench's flags that only one of its modes reads (their defaults are applied by _cmd_bench, so
+# that a flag given to a mode that ignores it can be told from one left out, and refused).
+_THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo")
+_LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery")
+
+
+def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: `switchagg bench{mode}` does not use "
+                          f"{'it' if len(given) == 1 else 'them'}; drop {'it' if len(given) == 1 else 'them'}")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    rounds = args.rounds if args.rounds is not None else 3
+    workers = args.workers if args.workers is not None else 4
     if args.loss:
         from .benchmarks.loss import RATES, run_loss_bench
 
-        return run_loss_bench(worker_counts=tuple(args.loss_workers), rates=tuple(args.loss_rates or RATES),
-                              recoveries=tuple(args.loss_recovery), rounds=args.rounds, plot=args.plot)
+        _refuse(args, ("workers", *_THROUGHPUT_FLAGS), " --loss")
+        return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
+                              recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
+                              plot=args.plot)
     if args.ddp:
         from .ddp_demo import run_ddp_bench
 
-        return run_ddp_bench(workers=args.workers)
+        _refuse(args, (*_THROUGHPUT_FLAGS, *_LOSS_FLAGS, "rounds", "plot"), " --ddp")
+        return run_ddp_bench(workers=workers)
     from .benchmarks.throughput import run_bench
 
-    return run_bench(workers=args.workers, mib=args.mib, reps=args.reps, ks=args.values_per_packet,
-                     slots=args.slots, rounds=args.rounds, gloo=not args.no_gloo, plot=args.plot)
+    _refuse(args, _LOSS_FLAGS, " (throughput)")
+    return run_bench(workers=workers, mib=args.mib if args.mib is not None else 64,
+                     reps=args.reps if args.reps is not None else 5, ks=args.values_per_packet or (64, 16000),
+                     slots=args.slots, rounds=rounds, gloo=not args.no_gloo, plot=args.plot)
 
 
-def _target_args(p: argparse.ArgumentParser, default: str = "soft") -> None:
+def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the job's TOML file")
-    _target_choice(p, default)
+    _target_choice(p, DEFAULT_TARGET)
     p.add_argument("--address", help="the target's control address (soft: the config's switch.control; "
-                                     "bmv2: P4Runtime, 127.0.0.1:9559)")
-    p.add_argument("--device-id", type=int, default=0, help="the P4 switch's device id (BMv2's default is 0)")
+                                     "bmv2: P4Runtime, 127.0.0.1:9559; tofino, tofino2: BfRt, 127.0.0.1:50052)")
+    p.add_argument("--device-id", type=int,
+                   help="the P4 switch's device id (bmv2, tofino, tofino2; default 0); soft has none")
 
 
 def _target_choice(p: argparse.ArgumentParser, default: str) -> None:
     from .targets import TARGETS
 
     p.add_argument("--target", choices=tuple(TARGETS), default=default,
-                   help="; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items()))
+                   help=f"which switch (default: {default}): "
+                        + "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,15 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("switch", help="run the embedded software switch for one or more jobs")
     p.add_argument("--config", action="append", required=True, help="a job's TOML file (repeatable)")
     p.add_argument("--address", help="UDP address to listen on (default: the first config's switch.address)")
-    p.add_argument("--control", help="control port (default: the first config's switch.control)")
-    p.add_argument("--slots", type=int, help="aggregation slots of this switch (default 4096)")
+    p.add_argument("--control", help="the control port's TCP address (default: the first config's switch.control; "
+                                     "none there: no control port)")
+    p.add_argument("--control-any-address", action="store_true",
+                   help="let the control port listen on an address other than loopback: anyone who reaches it "
+                        "reads the counters, and whoever knows a job's key can reset or remove it")
+    p.add_argument("--slots", type=int, help="aggregation slots of this switch, 1..65536 (default 4096)")
     p.add_argument("--ready-file", metavar="FILE",
                    help="once listening, write the bound addresses here as JSON (what scripts wait for)")
     p.set_defaults(fn=_cmd_switch)
 
     p = sub.add_parser("status", help="show a job's counters: what was aggregated, what was dropped and why")
     _target_args(p)
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.add_argument("--json", action="store_true", help="print the status as one JSON object instead")
     p.set_defaults(fn=_cmd_status)
 
     p = sub.add_parser("reset", help="start a new run of a job (a new generation; old state reads as empty)")
@@ -192,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build-p4", help="compile the P4 program for a target (bmv2: BMv2 JSON and P4Info; "
                                         "tofino, tofino2: bf-p4c's binary, context.json and bfrt.json)")
+    # Not DEFAULT_TARGET: the embedded switch has no data plane to compile; bmv2 is the P4 target anyone can run
     _target_choice(p, "bmv2")
     p.add_argument("--out", help="output directory (default: build/<target>)")
     p.add_argument("--resources", action="store_true",
@@ -199,16 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_build_p4)
 
     p = sub.add_parser("deploy", help="install a job on a switch (P4: admission, multicast group, egress rewrites)")
-    _target_args(p, default="bmv2")
-    p.add_argument("--pipeline", help="compile the P4 program into this directory and push it first (P4 targets)")
+    _target_args(p)
+    p.add_argument("--pipeline", metavar="DIR",
+                   help="compile the P4 program into this directory and push it first (bmv2 only: bf_switchd "
+                        "loads its program at start)")
     p.set_defaults(fn=_cmd_deploy)
 
     p = sub.add_parser("undeploy", help="remove a job from a switch")
-    _target_args(p, default="bmv2")
+    _target_args(p)
     p.set_defaults(fn=_cmd_undeploy)
 
     p = sub.add_parser("demo", help="the main job: allreduce among worker processes, then a small DDP training")
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4; the training uses up to 4)")
     p.add_argument("--size", type=int, default=1_000_000, help="float32 elements per tensor")
     p.add_argument("--rounds", type=int, default=5, help="allreduce calls")
     p.add_argument("--values-per-packet", type=int, default=8192, help="K (loopback takes large packets)")
@@ -216,43 +265,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_demo)
 
     p = sub.add_parser("worker", help="one worker of a job: allreduce seeded tensors, check every sum")
-    p.add_argument("--config", required=True)
-    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--config", required=True, help="the job's TOML file")
+    p.add_argument("--rank", type=int, required=True, help="this worker's rank: its place in the [[workers]] list")
     p.add_argument("--size", type=int, default=100_000, help="float32 elements per tensor")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="allreduce calls, each sum checked (default 3)")
     p.set_defaults(fn=_cmd_worker)
 
     p = sub.add_parser("bench", help="allreduce throughput and host CPU against gloo, codec and transport speed")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--mib", type=float, default=64, help="tensor size in MiB of float32")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions after a warm-up (median reported)")
-    p.add_argument("--values-per-packet", type=int, nargs="+", default=[64, 16000],
-                   help="K, one or more: 64 is the P4 switch's packet, 16000 a 64 KB datagram (loopback only)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--loss", action="store_true",
+                      help="instead: time under 0, 0.1, 1 and 5%% real packet loss (root: namespaces and nftables)")
+    mode.add_argument("--ddp", action="store_true",
+                      help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
+    p.add_argument("--workers", type=int, help="worker processes (default 4; --loss takes --loss-workers)")
+    p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64)")
+    p.add_argument("--reps", type=int, help="timed repetitions after a warm-up, median reported (default 5)")
+    p.add_argument("--values-per-packet", type=int, nargs="+",
+                   help="K, one or more (default 64 16000): 64 is the P4 switch's packet, 16000 a 64 KB "
+                        "datagram (loopback only)")
     p.add_argument("--slots", type=int, help="the job's slots (default: 1024 for K = 64, 16 for 64 KB datagrams)")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--rounds", type=int,
                    help="switchagg then gloo, this many times (--loss: every rate and recovery); "
-                        "the ratios are the median of the rounds'")
+                        "the ratios are the median of the rounds' (default 3; not with --ddp)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw each round's ratios and packet rates (matplotlib)")
-    p.add_argument("--loss", action="store_true",
-                   help="instead: time under 0, 0.1, 1 and 5%% real packet loss (root: namespaces and nftables)")
-    p.add_argument("--loss-workers", type=int, nargs="+", default=[4, 7], help="worker counts of --loss")
-    p.add_argument("--loss-rates", type=float, nargs="+", help="loss rates of --loss, percent per hop")
-    p.add_argument("--loss-recovery", nargs="+", choices=sorted(LOSS_RECOVERY), default=["resend", "query"],
-                   help="the job's loss_recovery settings --loss compares")
-    p.add_argument("--ddp", action="store_true",
-                   help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw each round's ratios and packet rates (matplotlib; not with --ddp)")
+    p.add_argument("--loss-workers", type=int, nargs="+", help="worker counts of --loss (default 4 7)")
+    p.add_argument("--loss-rates", type=float, nargs="+",
+                   help="loss rates of --loss, percent per hop (default 0 0.1 1 5)")
+    p.add_argument("--loss-recovery", nargs="+", choices=sorted(LOSS_RECOVERY),
+                   help="the job's loss_recovery settings --loss compares (default resend query)")
     p.set_defaults(fn=_cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. What goes wrong in a way the user can fix (a bad config, a refused flag, a
+    busy port, an address that cannot be reached) is one line on stderr and exit status 1: a traceback
+    would bury the one sentence that says what to do. Anything else is a bug, and keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except SwitchAggError as exc:
-        print(f"switchagg {args.command}: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    except OSError as exc:
+        message = exc.strerror or str(exc)
+        if exc.filename is not None:
+            message = f"{exc.filename}: {message}"
+    print(f"switchagg {args.command}: {message}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

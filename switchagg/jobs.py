@@ -7,11 +7,12 @@ counter arrays (``p4/include/constants.p4``), and a test checks that the two agr
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .wire import MAX_WORKERS
@@ -185,3 +186,12 @@ class JobStatus:
         """An installed job's status."""
         return cls(target, entry.job_id, True, entry.generation, entry.slot_base, entry.slot_count,
                    entry.n_workers, counters, global_drops, transport)
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as a plain dict (what ``switchagg status --json`` prints). A job that is not
+        installed has no generation, slots or counters: those keys are left out rather than zero."""
+        out = dataclasses.asdict(self)
+        if not self.installed:
+            for name in ("generation", "slot_base", "slot_count", "n_workers", "counters"):
+                del out[name]
+        return out

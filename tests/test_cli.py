@@ -1,9 +1,21 @@
-"""The command line against a running embedded switch."""
+"""The command line: against a running embedded switch, and what it says when something is wrong (one
+line on stderr, exit status 1, no traceback)."""
 
 from __future__ import annotations
 
-from switchagg.__main__ import main
+import argparse
+import dataclasses
+import json
+import signal
+import socket
+
+import pytest
+
+from switchagg.__main__ import build_parser, main
+from switchagg.loopback import free_ports
 from switchagg.transport import BATCHED_AVAILABLE
+
+from .conftest import loopback_config
 
 
 def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, soft_switch, tmp_path, capsys):
@@ -14,3 +26,114 @@ def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, s
     assert f"transport {soft_switch.backend})" in out
     assert ("sendmmsg+GSO/recvmmsg+GRO" in out) == BATCHED_AVAILABLE
     assert f"job {cfg.job_id}: generation" in out and "contributions" in out and "malformed" in out
+
+
+def test_status_json_is_one_object_with_the_job_and_its_counters(make_job, soft_switch, tmp_path, capsys):
+    """`status --json` crashed on every target: JobStatus had no to_json."""
+    cfg = make_job(2, k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    assert main(["status", "--json", "--config", str(path)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["target"] == "soft" and status["job_id"] == cfg.job_id and status["installed"] is True
+    assert status["generation"] == soft_switch.jobs()[cfg.job_id].generation
+    assert status["slot_count"] == cfg.slot_count and status["n_workers"] == 2
+    assert status["counters"]["contributions"] == 0 and "malformed" in status["global_drops"]
+    assert status["transport"] == soft_switch.backend
+    other = dataclasses.replace(cfg, job_id=9).write(tmp_path / "other.toml")  # not installed: no counters
+    assert main(["status", "--json", "--config", str(other)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["installed"] is False and "generation" not in status and "malformed" in status["global_drops"]
+
+
+def test_every_control_subcommand_defaults_to_the_embedded_switch(make_job, soft_switch, tmp_path, capsys):
+    """`undeploy` and `deploy` defaulted to bmv2, and printed P4Runtime errors against the embedded switch."""
+    cfg = make_job(2, k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    generation = soft_switch.jobs()[cfg.job_id].generation
+    assert main(["reset", "--config", str(path)]) == 0
+    assert soft_switch.jobs()[cfg.job_id].generation != generation
+    assert main(["undeploy", "--config", str(path)]) == 0
+    assert cfg.job_id not in soft_switch.jobs()
+    assert main(["deploy", "--config", str(path)]) == 0
+    assert cfg.job_id in soft_switch.jobs()
+    assert "on the soft target" in capsys.readouterr().out
+    for command in ("status", "reset", "deploy", "undeploy"):
+        assert build_parser().parse_args([command, "--config", "x"]).target == "soft"
+
+
+def test_a_change_with_another_key_is_refused_in_one_line(make_job, soft_switch, tmp_path, capsys):
+    cfg = make_job(2, k=64)
+    path = dataclasses.replace(cfg, key=cfg.key ^ 1).write(tmp_path / "job.toml")
+    generation = soft_switch.jobs()[cfg.job_id].generation
+    assert main(["reset", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'key' is not job 1's key" in err
+    assert soft_switch.jobs()[cfg.job_id].generation == generation
+
+
+def test_switch_on_a_busy_port_is_a_one_line_error(tmp_path, capsys):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        cfg = loopback_config(2, switch_port=busy.getsockname()[1], k=64)
+        path = cfg.write(tmp_path / "job.toml")
+        before = signal.getsignal(signal.SIGTERM)
+        assert main(["switch", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("switchagg switch: cannot bind UDP 127.0.0.1:") and "in use" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before  # main() leaves its caller's signal handlers alone
+
+
+def test_switch_refuses_a_public_control_port_unless_told(tmp_path, capsys):
+    cfg = loopback_config(2, switch_port=free_ports(1)[0], k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    assert main(["switch", "--config", str(path), "--control", "0.0.0.0:16712"]) == 1
+    assert "--control-any-address" in capsys.readouterr().err
+    assert main(["switch", "--config", str(path), "--control-any-address"]) == 1  # there is no control port
+    assert "--control-any-address: this switch has no control port" in capsys.readouterr().err
+
+
+def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text(loopback_config(2, switch_port=16711, k=64).to_toml().replace("values_per_packet = 64",
+                                                                                  "valeus_per_packet = 64"))
+    assert main(["status", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"switchagg status: {path}: job.valeus_per_packet is not a known key: "
+                   "did you mean values_per_packet?\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["status", "--device-id", "1"], "--device-id: the embedded switch has no device id"),
+    (["deploy", "--pipeline", "build/bmv2"], "--pipeline: the embedded switch runs no P4 program"),
+    (["deploy", "--target", "tofino", "--pipeline", "build/tofino"], "--pipeline: bf_switchd loads the program"),
+    (["bench", "--loss", "--mib", "1"], "--mib: `switchagg bench --loss` does not use it"),
+    (["bench", "--loss", "--workers", "3"], "--workers: `switchagg bench --loss` does not use it"),
+    (["bench", "--ddp", "--rounds", "2", "--plot", "x.png"],
+     "--rounds, --plot: `switchagg bench --ddp` does not use them"),
+    (["bench", "--loss-rates", "1"], "--loss-rates: `switchagg bench (throughput)` does not use it"),
+    (["switch", "--slots", "0"], "--slots 0: a switch has 1..65536 slots"),
+])
+def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, message):
+    path = make_job(2, k=64).write(tmp_path / "job.toml")
+    if argv[0] in ("status", "deploy", "switch"):
+        argv = [*argv, "--config", str(path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bench_takes_one_mode():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--loss", "--ddp"])
+
+
+def test_every_flag_has_a_help_text_and_every_target_flag_says_its_default():
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [f"{name} {'/'.join(a.option_strings)}" for name, sub in commands.choices.items()
+               for a in sub._actions if a.option_strings and not a.help]
+    assert missing == []
+    for name in ("status", "reset", "deploy", "undeploy"):
+        (target,) = [a for a in commands.choices[name]._actions if a.dest == "target"]
+        assert "default: soft" in target.help

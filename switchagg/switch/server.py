@@ -6,7 +6,8 @@ packet) unless asked for the pure :class:`SwitchModel`, which a test runs end to
 It is the default target (no hardware, no BMv2) and runs in-process (threads)
 or as ``switchagg switch``. An optional control port (TCP, one JSON object per
 line, see :mod:`switchagg.switch.control`) lets another process read counters,
-reset a job or see which workers a slot still waits for.
+reset a job or see which workers a slot still waits for; it listens on loopback
+unless ``control_public`` says otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..errors import ConfigError
 from ..jobs import JobEntry, new_generation
 from ..transport import MAX_UDP, UdpSocket
 from ..wire import UDP_PORT
-from .control import ControlServer
+from .control import ControlServer, check_control_address
 from .model import SwitchModel
 from .native import NativeSwitch
 from .records import RESULTS_KEPT
@@ -34,14 +35,19 @@ class SoftSwitch:
     ``batch`` is how many datagrams the pure model (``native=False``) takes before it sends their
     results: at most :data:`RESULTS_KEPT`, the results whose values it keeps. ``segmentation`` is
     the socket's (:class:`~switchagg.transport.UdpSocket`): None uses GSO/GRO where the kernel has them.
+    The control port, where ``control`` names one, must be on loopback unless ``control_public``:
+    whoever reaches it reads the counters, and whoever knows a job's key resets or removes the job.
     """
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
                  batched: bool | None = None, batch: int = 64, native: bool = True,
-                 segmentation: bool | None = None) -> None:
+                 segmentation: bool | None = None, control_public: bool = False) -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
+        if self.control_address is not None:  # refused here, before anything is bound
+            check_control_address(self.control_address, control_public)
+        self._control_public = control_public
         self.model = NativeSwitch(num_slots) if native else SwitchModel(num_slots)
         self.lock = threading.Lock()
         if not 1 <= batch <= RESULTS_KEPT:
@@ -64,7 +70,12 @@ class SoftSwitch:
                                    segmentation=self._segmentation)
         self.address = self._sock.address
         if self.control_address is not None:
-            self._control = ControlServer(self.control_address, self)
+            try:
+                self._control = ControlServer(self.control_address, self, public=self._control_public)
+            except BaseException:
+                self._sock.close()
+                self._sock = None
+                raise
             self.control_address = self._control.address
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="switchagg-switch", daemon=True)
@@ -157,5 +168,10 @@ class SoftSwitch:
             return self.model.counters()
 
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]:
+        """Both copies of each of the job's ``slots`` (its own numbers, 0..slot_count - 1)."""
         with self.lock:
+            count = self.model.table.get(job_id).slot_count
+            outside = [s for s in slots if not 0 <= s < count]
+            if outside:  # past them lie another job's registers, or the end of the switch's
+                raise ConfigError(f"slots {outside} are outside job {job_id}'s slots 0..{count - 1}")
             return {s: self.model.slot_state(job_id, s) for s in slots}

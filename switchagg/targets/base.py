@@ -25,11 +25,15 @@ class UnsupportedOperation(SwitchAggError):
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """How to reach a target: the job's config, and the control address and device of a P4 switch."""
+    """How to reach a target: the job's config, and the control address and device of a P4 switch.
+
+    A target refuses, in :meth:`Target.open`, an option it has no use for (a device id for the
+    embedded switch, a pipeline for Tofino): a flag that is silently dropped reads as if it worked.
+    """
 
     config: JobConfig | None = None
     address: str | None = None  # the target's control-plane address; each target has a default
-    device_id: int = 0
+    device_id: int | None = None  # a P4 switch's device id; None: 0
     pipeline: str | None = None  # a build directory: compile into it and push the program before deploying
 
 

@@ -159,7 +159,7 @@ class Bmv2Target(Target):
 
     @classmethod
     def open(cls, options: TargetOptions) -> Bmv2Target:
-        return cls(options.address or "127.0.0.1:9559", options.device_id, options.pipeline)
+        return cls(options.address or "127.0.0.1:9559", options.device_id or 0, options.pipeline)
 
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:

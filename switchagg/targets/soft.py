@@ -1,5 +1,9 @@
 """The embedded software switch as a target: its control port (``switchagg switch``, or a
-:class:`~switchagg.switch.server.SoftSwitch` with ``control=``)."""
+:class:`~switchagg.switch.server.SoftSwitch` with ``control=``).
+
+Changes to a job (``deploy``, ``reset``, ``undeploy``) carry the job's key, which the control port
+checks against the installed job's: the key comes from the config the target was opened with.
+"""
 
 from __future__ import annotations
 
@@ -13,31 +17,44 @@ from .base import Target, TargetOptions
 
 
 class SoftTarget(Target):
-    """The embedded switch at ``control``, its control port."""
+    """The embedded switch at ``control``, its control port; ``config`` is the job whose key changes carry."""
 
     name: ClassVar[str] = "soft"
     summary: ClassVar[str] = "the embedded software switch, through its control port (switch.control)"
 
-    def __init__(self, control: Endpoint) -> None:
+    def __init__(self, control: Endpoint, config: JobConfig | None = None) -> None:
         self.control = control
+        self.config = config
 
     @classmethod
     def open(cls, options: TargetOptions) -> SoftTarget:
+        if options.device_id is not None:
+            raise ConfigError("--device-id: the embedded switch has no device id (P4 targets only): drop it")
+        if options.pipeline:
+            raise ConfigError("--pipeline: the embedded switch runs no P4 program to push (bmv2 only): drop it")
         if options.address:
-            return cls(Endpoint.parse(options.address, "--address"))
+            return cls(Endpoint.parse(options.address, "--address"), options.config)
         if options.config is None or options.config.control is None:
             raise ConfigError("this config has no switch.control address: add one "
                               "(e.g. control = \"127.0.0.1:16712\") and restart `switchagg switch`")
-        return cls(options.config.control)
+        return cls(options.config.control, options.config)
+
+    def _key(self, job_id: int, what: str) -> int:
+        """The key that authorizes a change to ``job_id``: the opening config's, which must be that job's."""
+        if self.config is None or self.config.job_id != job_id:
+            raise ConfigError(f"{what} job {job_id} on the embedded switch needs the job's key: open the target "
+                              f"with that job's config (--config)")
+        return self.config.key
 
     def deploy(self, job: JobConfig) -> int:
-        return request(self.control, {"op": "add_job", "config": job.to_toml()})["generation"]
+        return request(self.control, {"op": "add_job", "config": job.to_toml(), "key": job.key})["generation"]
 
     def undeploy(self, job_id: int) -> None:
-        request(self.control, {"op": "remove_job", "job": job_id})
+        request(self.control, {"op": "remove_job", "job": job_id, "key": self._key(job_id, "removing")})
 
     def reset(self, job_id: int) -> int:
-        return request(self.control, {"op": "reset", "job": job_id})["generation"]
+        return request(self.control, {"op": "reset", "job": job_id,
+                                      "key": self._key(job_id, "resetting")})["generation"]
 
     def status(self, job_id: int) -> JobStatus:
         reply = request(self.control, {"op": "status"})

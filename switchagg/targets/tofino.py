@@ -113,7 +113,7 @@ class TofinoTarget(Target):
         if options.pipeline:
             raise ConfigError("--pipeline: bf_switchd loads the program at start (its --conf-file); build it with "
                               f"`switchagg build-p4 --target {cls.name}` and start bf_switchd with it")
-        return cls(options.address or "127.0.0.1:50052", options.device_id)
+        return cls(options.address or "127.0.0.1:50052", options.device_id or 0)
 
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:

@@ -1,0 +1,168 @@
+"""The embedded switch's control port is safe to leave running: loopback unless asked, changes need the
+job's key, every bad request gets an error reply (never a dropped connection), no global patching."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import socketserver
+
+import pytest
+
+from switchagg import ConfigError, SoftSwitch
+from switchagg.config import Endpoint
+from switchagg.loopback import free_ports
+from switchagg.switch.control import MAX_REQUEST, ControlServer
+from switchagg.switch.control_client import request
+from switchagg.targets import TargetOptions, open_target
+
+
+def control_of(sw: SoftSwitch) -> Endpoint:
+    return Endpoint(*sw.control_address)
+
+
+def test_the_control_port_refuses_an_address_other_than_loopback_unless_told(soft_switch):
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    for host in ("0.0.0.0", "10.1.2.3"):
+        with pytest.raises(ConfigError, match=r"not loopback.*--control-any-address.*control_public=True"):
+            SoftSwitch(("127.0.0.1", 0), control=(host, port))
+        with pytest.raises(ConfigError, match="not loopback"):
+            ControlServer((host, port), soft_switch)
+    with SoftSwitch(("127.0.0.1", 0), control=("0.0.0.0", port), control_public=True) as sw:
+        assert request(Endpoint("127.0.0.1", port), {"op": "status"})["address"] == list(sw.address)
+    with SoftSwitch(("127.0.0.1", 0), control=("localhost", 0)) as sw:  # a name that resolves to loopback
+        assert request(control_of(sw), {"op": "status"})["jobs"] == {}
+
+
+def test_reset_and_remove_need_the_installed_job_s_key_and_reads_need_none(make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    control = control_of(soft_switch)
+    generation = soft_switch.jobs()[cfg.job_id].generation
+    for op in ("reset", "remove_job"):
+        with pytest.raises(ConfigError, match=f"{op} of job 1 needs 'key'"):
+            request(control, {"op": op, "job": cfg.job_id})
+        with pytest.raises(ConfigError, match="'key' is not job 1's key"):
+            request(control, {"op": op, "job": cfg.job_id, "key": cfg.key ^ 1})
+        with pytest.raises(ConfigError, match="needs 'key'"):
+            request(control, {"op": op, "job": cfg.job_id, "key": str(cfg.key)})
+    assert soft_switch.jobs()[cfg.job_id].generation == generation  # nothing changed
+    assert str(cfg.job_id) in request(control, {"op": "status"})["jobs"]
+    assert set(request(control, {"op": "slots", "job": cfg.job_id, "slots": [0, 1]})["slots"]) == {"0", "1"}
+    new = request(control, {"op": "reset", "job": cfg.job_id, "key": cfg.key})["generation"]
+    assert new != generation and soft_switch.jobs()[cfg.job_id].generation == new
+    assert request(control, {"op": "remove_job", "job": cfg.job_id, "key": cfg.key}) == {}
+    assert cfg.job_id not in soft_switch.jobs()
+    with pytest.raises(ConfigError, match="job 1 is not installed on this switch"):
+        request(control, {"op": "reset", "job": cfg.job_id, "key": cfg.key})
+
+
+def test_add_job_takes_the_key_of_the_config_it_carries_and_never_replaces_an_installed_job(
+        make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    control = control_of(soft_switch)
+    with pytest.raises(ConfigError, match="job 1 is already installed"):
+        request(control, {"op": "add_job", "config": cfg.to_toml()})
+    other = dataclasses.replace(cfg, job_id=2, slot_base=2048)
+    with pytest.raises(ConfigError, match="'key' differs from the key in 'config'"):
+        request(control, {"op": "add_job", "config": other.to_toml(), "key": other.key ^ 1})
+    assert 2 not in soft_switch.jobs()
+    assert request(control, {"op": "add_job", "config": other.to_toml(), "key": other.key})["generation"]
+    assert soft_switch.jobs()[2].key == other.key
+
+
+def test_every_bad_request_gets_an_error_reply_and_the_connection_stays_open(make_job, soft_switch):
+    """A `slots` request past the switch's size used to drop the connection without a reply (an
+    IndexError the handler did not catch); every other malformed request gets a reply too."""
+    cfg = make_job(2, k=64)
+    bad = [
+        {"op": "slots", "job": cfg.job_id, "slots": [10_000_000]},  # past the switch's registers
+        {"op": "slots", "job": cfg.job_id, "slots": [cfg.slot_count]},  # past the job's: another job's registers
+        {"op": "slots", "job": cfg.job_id, "slots": [-1]},
+        {"op": "slots", "job": cfg.job_id, "slots": "0"},
+        {"op": "slots", "job": cfg.job_id, "slots": [0.5]},
+        {"op": "slots", "job": cfg.job_id},
+        {"op": "slots", "job": 99, "slots": [0]},
+        {"op": "slots", "job": "1", "slots": [0]},
+        {"op": "slots", "job": 1e300, "slots": [0]},
+        {"op": "reset"},
+        {"op": "reset", "job": None, "key": cfg.key},
+        {"op": "remove_job", "job": [1], "key": cfg.key},
+        {"op": "add_job"},
+        {"op": "add_job", "config": 5},
+        {"op": "add_job", "config": "this is not TOML"},
+        {"op": "add_job", "config": cfg.to_toml().replace("values_per_packet", "valeus_per_packet")},
+        {"op": "frobnicate"},
+        {},
+    ]
+    lines = [json.dumps(r).encode() for r in bad] + [
+        b"not json", b"[1, 2, 3]", b"42", b'"status"', b"null", b"\xff\xfe\xfd", b"", b'{"op": "slots", "job": 1e400}']
+    with socket.create_connection(soft_switch.control_address, timeout=5) as conn:
+        stream = conn.makefile("rwb")
+        for line in lines:
+            stream.write(line + b"\n")
+            stream.flush()
+            reply = stream.readline()
+            assert reply, f"the connection was dropped after {line!r}"
+            assert set(json.loads(reply)) == {"error"}, (line, reply)
+        stream.write(b'{"op": "status"}\n')
+        stream.flush()
+        assert str(cfg.job_id) in json.loads(stream.readline())["jobs"]  # the same connection still serves
+    errors = {}
+    for r in bad[:2]:
+        with pytest.raises(ConfigError) as info:
+            request(control_of(soft_switch), r)
+        errors[str(r["slots"])] = str(info.value)
+    assert f"outside job 1's slots 0..{cfg.slot_count - 1}" in errors["[10000000]"]
+    assert soft_switch.error is None
+
+
+def test_a_request_line_too_long_to_hold_a_job_gets_an_error_before_the_connection_closes(soft_switch):
+    with socket.create_connection(soft_switch.control_address, timeout=5) as conn:
+        conn.sendall(b"x" * (MAX_REQUEST + 10) + b"\n")
+        reply = conn.makefile("rb").readline()
+    assert "at most" in json.loads(reply)["error"]
+
+
+def test_nothing_patches_the_standard_library(soft_switch):
+    """The old server set allow_reuse_address on socketserver.ThreadingTCPServer for the whole process."""
+    assert "allow_reuse_address" not in vars(socketserver.ThreadingTCPServer)
+    assert socketserver.ThreadingTCPServer.allow_reuse_address is False
+    # the control port's own server still reuses its address, so a restarted switch binds at once
+    server = soft_switch._control._server
+    assert server.socket.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+    port = soft_switch.control_address[1]
+    soft_switch.stop()
+    with SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", port)) as again:
+        assert again.control_address[1] == port
+
+
+def test_a_busy_control_port_says_which_address(soft_switch):
+    port = soft_switch.control_address[1]
+    with pytest.raises(OSError, match=f"cannot listen for control requests on TCP 127.0.0.1:{port}"):
+        SoftSwitch(("127.0.0.1", 0), control=soft_switch.control_address).start()
+
+
+def test_the_soft_target_sends_the_job_s_key_with_every_change(make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    target = open_target("soft", TargetOptions(config=cfg))
+    generation = soft_switch.jobs()[cfg.job_id].generation
+    assert target.reset(cfg.job_id) != generation
+    target.undeploy(cfg.job_id)
+    assert cfg.job_id not in soft_switch.jobs()
+    assert target.deploy(cfg) == soft_switch.jobs()[cfg.job_id].generation
+    # opened by address alone, it has no key to send: it says so rather than send none
+    bare = open_target("soft", TargetOptions(address=f"127.0.0.1:{soft_switch.control_address[1]}"))
+    with pytest.raises(ConfigError, match="resetting job 1 on the embedded switch needs the job's key"):
+        bare.reset(cfg.job_id)
+    assert bare.status(cfg.job_id).installed
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"device_id": 0}, "--device-id: the embedded switch has no device id"),
+    ({"pipeline": "build/bmv2"}, "--pipeline: the embedded switch runs no P4 program"),
+])
+def test_the_soft_target_refuses_options_it_has_no_use_for(make_job, options, message):
+    cfg = make_job(2, k=64)
+    with pytest.raises(ConfigError, match=message):
+        open_target("soft", TargetOptions(config=cfg, **options))
