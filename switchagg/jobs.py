@@ -45,7 +45,7 @@ class JobCounter(enum.IntEnum):
     RESULTS_MULTICAST = 1  # finished sums sent to every worker
     RESULTS_UNICAST = 2  # stored sums resent to a worker that retransmitted
     PROBES = 3  # probes answered
-    WRONG_GENERATION = 4  # a packet of another run of the job
+    WRONG_GENERATION = 4  # a packet of generation 0: no run's (every tag register powers up holding it)
     SLOT_OUT_OF_RANGE = 5
     BAD_COUNT = 6  # value count other than the job's K
     STALE = 7  # a chunk older than the one the slot copy holds
