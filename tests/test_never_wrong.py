@@ -128,19 +128,23 @@ def test_a_skipped_call_is_a_mismatch_not_a_shifted_sum(make_job):
     assert "call #1" in str(out[0][1]) and "call #0" in str(out[0][1])
 
 
-def test_close_returns_promptly_during_the_start_up_probe(make_job):
-    """No switch answers this job: close() (what Ctrl-C inside ``with Client(...)`` runs) returns within a
-    second, and the call in progress fails instead of hanging."""
-    cfg = make_job(2, k=64)
-    dead = cfg.__class__(**{**cfg.__dict__, "job_id": cfg.job_id + 1})  # a job the switch does not have
-    client = Client(dead, 0, start_timeout=60)
+def assert_closes_promptly(client):
+    """A call starts and is left waiting; close() returns within a second and the call fails, never hangs."""
     future = client.allreduce_async(np.ones(10, np.float32))
-    time.sleep(0.3)  # let it reach the probe loop
+    time.sleep(0.3)  # let the call reach its wait
     t = time.monotonic()
     client.close()
     assert time.monotonic() - t < 1.0
     with pytest.raises(ClosedError):
         future.result(timeout=1)
+
+
+def test_close_returns_promptly_during_the_start_up_probe(make_job):
+    """No switch answers this job: close() (what Ctrl-C inside ``with Client(...)`` runs) returns within a
+    second, and the call in progress fails instead of hanging."""
+    cfg = make_job(2, k=64)
+    dead = cfg.__class__(**{**cfg.__dict__, "job_id": cfg.job_id + 1})  # a job the switch does not have
+    assert_closes_promptly(Client(dead, 0, start_timeout=60))
 
 
 def test_close_returns_promptly_during_a_call_waiting_for_a_peer(make_job):
@@ -151,13 +155,7 @@ def test_close_returns_promptly_during_a_call_waiting_for_a_peer(make_job):
         client = Client(cfg, 0, start_timeout=30)
         client.join()
         joined.join()
-        future = client.allreduce_async(np.ones(10, np.float32))
-        time.sleep(0.3)
-        t = time.monotonic()
-        client.close()
-        assert time.monotonic() - t < 1.0
-        with pytest.raises(ClosedError):
-            future.result(timeout=1)
+        assert_closes_promptly(client)
 
 
 def test_no_future_is_left_unresolved_when_submit_races_close(make_job):
