@@ -425,7 +425,7 @@ static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int 
     put32(row + OFF_GENERATION, s->generation);
     put32(row + OFF_KEY, s->key);
     row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
-    row[OFF_RESERVED] = 0;
+    row[OFF_OWNER] = 0;
     put16(row + OFF_COUNT, type == TYPE_QUERY ? 0 : (uint16_t)s->k);
 }
 
@@ -1004,11 +1004,11 @@ int sa_add_stream_type(PyObject *module) {
         "((sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii))",
         "version", OFF_VERSION, 1, "type", OFF_TYPE, 1, "flags", OFF_FLAGS, 1, "worker", OFF_WORKER, 1,
         "job", OFF_JOB, 2, "slot", OFF_SLOT, 2, "chunk", OFF_CHUNK, 4, "generation", OFF_GENERATION, 4,
-        "key", OFF_KEY, 4, "exponent", OFF_EXPONENT, 1, "reserved", OFF_RESERVED, 1, "count", OFF_COUNT, 2);
-    PyObject *wire = Py_BuildValue("{sisisisisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
+        "key", OFF_KEY, 4, "exponent", OFF_EXPONENT, 1, "owner", OFF_OWNER, 1, "count", OFF_COUNT, 2);
+    PyObject *wire = Py_BuildValue("{sisisisisisisisisisisisisi}", "HEADER_SIZE", HEADER_SIZE, "VERSION", VERSION,
                                    "CONTRIB", TYPE_CONTRIB, "RESULT", TYPE_RESULT, "PROBE", TYPE_PROBE,
                                    "PROBE_REPLY", TYPE_PROBE_REPLY, "QUERY", TYPE_QUERY, "PENDING", TYPE_PENDING,
-                                   "FLAG_COPY", FLAG_COPY, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
+                                   "FLAG_COPY", FLAG_COPY, "FLAG_OWNER", FLAG_OWNER, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
     PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,

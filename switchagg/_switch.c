@@ -78,7 +78,7 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
     }
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER];
     uint32_t count = get16(p + OFF_COUNT);
-    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~FLAG_COPY || p[OFF_RESERVED]
+    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~FLAG_COPY || p[OFF_OWNER]
             || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
         sw->global[MALFORMED]++;
         return 0;

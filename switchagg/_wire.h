@@ -15,11 +15,12 @@
 #define TYPE_QUERY 5
 #define TYPE_PENDING 6
 #define FLAG_COPY 1
+#define FLAG_OWNER 2 /* a reduce-scatter's chunk: the sum goes whole only to `owner` (wire.py) */
 #define EXP_NONE (-128)
 #define EXP_NONFINITE 127  /* wire.EXP_NONFINITE: a chunk that held NaN or infinity on some rank */
 #define MAX_WORKERS 32
 
-/* Byte offsets of the fields (version, type, flags, worker, exponent and reserved are one byte;
+/* Byte offsets of the fields (version, type, flags, worker, exponent and owner are one byte;
  * job, slot and count two; chunk, generation and key four). */
 #define OFF_VERSION 0
 #define OFF_TYPE 1
@@ -31,7 +32,7 @@
 #define OFF_GENERATION 12
 #define OFF_KEY 16
 #define OFF_EXPONENT 20
-#define OFF_RESERVED 21
+#define OFF_OWNER 21
 #define OFF_COUNT 22
 
 static inline uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }

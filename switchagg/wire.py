@@ -29,6 +29,9 @@ P4_VALUES_PER_PACKET = 64  # what one pass of the P4 program sums
 MAX_VALUES_PER_PACKET = (65535 - IP_UDP_OVERHEAD - 24) // 4  # 16370: the largest K an IPv4 datagram holds
 
 FLAG_COPY = 0x01  # which of the slot's two shadow copies the packet addresses
+# A reduce-scatter's chunk: its finished sum goes whole only to the worker in `owner`; every other worker
+# gets the RESULT's header alone (count 0), which frees its slot and carries the next exponent.
+FLAG_OWNER = 0x02
 
 
 class PacketType(enum.IntEnum):
@@ -61,7 +64,7 @@ FIELDS: tuple[Field, ...] = (
     Field("generation", 32),
     Field("key", 32),
     Field("exponent", 8, signed=True),
-    Field("reserved", 8),
+    Field("owner", 8),
     Field("count", 16),
 )
 
@@ -85,7 +88,7 @@ class Header(NamedTuple):
     generation: int
     key: int
     exponent: int
-    reserved: int
+    owner: int
     count: int
 
     @property
@@ -112,10 +115,12 @@ def make_header(
     key: int = 0,
     exponent: int = EXP_NONE,
     count: int = 0,
+    owner: int | None = None,
 ) -> Header:
-    """Build a header with the current version and no reserved bits set."""
-    return Header(VERSION, int(type), copy & FLAG_COPY, worker, job, slot, chunk,
-                  generation, key, exponent, 0, count)
+    """Build a header with the current version; ``owner`` (a rank) marks a reduce-scatter's chunk."""
+    flags = (copy & FLAG_COPY) | (FLAG_OWNER if owner is not None else 0)
+    return Header(VERSION, int(type), flags, worker, job, slot, chunk,
+                  generation, key, exponent, owner or 0, count)
 
 
 def unpack_header(data: bytes | memoryview) -> Header:

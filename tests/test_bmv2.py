@@ -194,7 +194,7 @@ def test_foreign_sender_wrong_key_and_malformed_headers(diff):
     send(diff, (good[0], good[1], (good[2][0], good[2][1] + 1)))  # right IP, wrong port
     send(diff, contrib(diff, 2, 0, 30, slot=3, key=0xBAD))
     send(diff, contrib(diff, 2, 0, 30, slot=3, version=2))
-    for bad in ({"reserved": 1}, {"flags": 0x80}, {"worker": 40}, {"type": PacketType.RESULT}, {"type": 9}):
+    for bad in ({"owner": 1}, {"flags": 0x80}, {"worker": 40}, {"type": PacketType.RESULT}, {"type": 9}):
         send(diff, contrib(diff, 2, 0, 30, slot=3, **bad))
     send(diff, (good[0], good[1][:20], good[2]))  # shorter than the header
     send(diff, (good[0], good[1][:-4], good[2]))  # count says 64 values, 63 are there
@@ -463,7 +463,7 @@ def test_malformed_queries(diff):
         assert send(diff, (host, values, src)) == []
     assert send(diff, (host, payload + bytes(4), src)) == []  # a count of 0, 4 bytes more
     assert send(diff, (host, payload[:20], src)) == []  # shorter than the header
-    for bad in ({"count": 1}, {"count": K}, {"count": 0x4000}, {"reserved": 1}, {"flags": 0x02}, {"worker": 32},
+    for bad in ({"count": 1}, {"count": K}, {"count": 0x4000}, {"owner": 1}, {"flags": 0x02}, {"worker": 32},
                 {"version": 2}, {"type": PacketType.PENDING}, {"type": 7}):  # counts its length does not hold, ...
         assert send(diff, query(diff, 1, 2, 90, slot=6, **bad)) == []
     assert pending(diff.send_frame(host, diff.frame(host, payload, src) + bytes(30))) == 0  # past the datagram

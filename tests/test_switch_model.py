@@ -222,7 +222,7 @@ def test_two_runs_on_one_copy_start_it_afresh_by_turns_and_never_mix(sw):
     ({"worker": 3}, "not_admitted"),
     ({"job_id": 2}, "not_admitted"),
     ({"version": 2}, "bad_version"),
-    ({"reserved": 1}, "malformed"),
+    ({"owner": 1}, "malformed"),
     ({"flags": 0x02}, "malformed"),
     ({"worker": 32}, "malformed"),
     ({"type": PacketType.RESULT}, "malformed"),

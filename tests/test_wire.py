@@ -58,7 +58,7 @@ def test_the_c_code_uses_this_header_layout():
     assert layout == _native.HEADER_LAYOUT
     assert _native.WIRE == {"HEADER_SIZE": HEADER_SIZE, "VERSION": wire.VERSION, "CONTRIB": PacketType.CONTRIB,
                              "RESULT": PacketType.RESULT, "PROBE": PacketType.PROBE,
-                             "PROBE_REPLY": PacketType.PROBE_REPLY,
+                             "PROBE_REPLY": PacketType.PROBE_REPLY, "FLAG_OWNER": wire.FLAG_OWNER,
                              "QUERY": PacketType.QUERY, "PENDING": PacketType.PENDING, "FLAG_COPY": wire.FLAG_COPY,
                              "EXP_NONE": wire.EXP_NONE, "EXP_NONFINITE": wire.EXP_NONFINITE,
                              "MAX_WORKERS": wire.MAX_WORKERS}

@@ -47,7 +47,7 @@ header switchagg_h {
     bit<32> generation;
     bit<32> key;
     int<8>  exponent;    /* the proposal (CONTRIB) or the maximum kept (RESULT); -128: none */
-    bit<8>  reserved;
+    bit<8>  owner;
     bit<16> count;       /* K, the int32 values that follow */
 }
 

@@ -75,7 +75,7 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
     }
     state parse_contribution_header {
         pkt.extract(hdr.sa);
-        transition select(hdr.sa.reserved, hdr.sa.count) {
+        transition select(hdr.sa.owner, hdr.sa.count) {
             (0, SA_VALUES): parse_values;
             default: accept;
         }
@@ -94,7 +94,7 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
     }
     state parse_query_header {
         pkt.extract(hdr.sa);
-        transition select(hdr.sa.reserved, hdr.sa.count) {
+        transition select(hdr.sa.owner, hdr.sa.count) {
             (0, 0): well_formed_query;
             default: accept;
         }

@@ -55,7 +55,7 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             hdr.sa.type: ternary;
             hdr.sa.flags: ternary;
             hdr.sa.worker: ternary;
-            hdr.sa.reserved: ternary;
+            hdr.sa.owner: ternary;
             hdr.sa.count: ternary;
             md.udp_minus_count: ternary;
         }

@@ -21,7 +21,7 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
         /* The values are parsed only for a well-formed contribution of K values (version, type,
          * flags, reserved bits, worker < 32, count and both lengths): admission takes a valid
          * hdr.vals as that common case, with no further test. */
-        transition select(hdr.sa.version_type_flags_worker, hdr.sa.reserved_count, hdr.outer.head) {
+        transition select(hdr.sa.version_type_flags_worker, hdr.sa.owner_count, hdr.outer.head) {
             ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16
              &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
                  | (bit<32>)~((bit<8>)SA_MAX_WORKERS - 1),

@@ -35,15 +35,15 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
         } else if (hdr.sa.version_type_flags_worker[31:24] != SA_VERSION) {
             drop_bad_version();
         } else if ((bit<32>)hdr.outer.head[31:16]
-                       != 8 + (bit<32>)SA_HEADER_BYTES + ((bit<32>)hdr.sa.reserved_count[15:0] << 2)  /* count */
+                       != 8 + (bit<32>)SA_HEADER_BYTES + ((bit<32>)hdr.sa.owner_count[15:0] << 2)  /* count */
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_QUERY)
                 || hdr.sa.version_type_flags_worker[15:8] & ~SA_FLAG_COPY != 0
-                || hdr.sa.reserved_count[23:16] != 0
+                || hdr.sa.owner_count[23:16] != 0
                 || hdr.sa.version_type_flags_worker[7:0] >= SA_MAX_WORKERS
                 /* a probe or a query with values */
-                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB && hdr.sa.reserved_count[15:0] != 0)) {
+                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB && hdr.sa.owner_count[15:0] != 0)) {
             drop_malformed();
         }
     }

@@ -119,7 +119,7 @@ class SwitchModel:
         if h.version != VERSION:
             return self._drop(GlobalDrop.BAD_VERSION)
         if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY) or h.flags & ~FLAG_COPY
-                or h.reserved or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
+                or h.owner or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
                 or (h.type != PacketType.CONTRIB and h.count)):
             return self._drop(GlobalDrop.MALFORMED)
         job = self._admission.get((h.job, h.worker, src[0], src[1], h.key))
@@ -244,9 +244,9 @@ class SwitchModel:
         counters[JobCounter.CONTRIBUTIONS] += 1
         counters[JobCounter.RESULTS_MULTICAST] += 1
         # One replica per worker, each with its rank in the worker field (as the P4 egress writes it).
-        v, _, flags, _, job_id, slot, chunk, generation, key, _, reserved, count = h
+        v, _, flags, _, job_id, slot, chunk, generation, key, _, owner, count = h
         return [Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key, exponent,
-                                 reserved, count), result)
+                                 owner, count), result)
                 for rank, dst in enumerate(job.workers)]
 
     def _snapshot(self, row: np.ndarray) -> np.ndarray:

@@ -51,7 +51,7 @@ header switchagg_packed_h {
     bit<64> chunk_generation;
     bit<32> key;
     bit<8>  exponent;   /* int8 on the wire; compared as signed in the exponent stage */
-    bit<24> reserved_count;
+    bit<24> owner_count;
 }
 
 /* Where each field sits in the shared ones */
