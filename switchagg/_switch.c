@@ -28,7 +28,7 @@
 enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, IP_OPTIONS, FRAGMENT, N_GLOBAL };  /* counters.GlobalDrop */
 enum {  /* counters.JobCounter */
     CONTRIBUTIONS, RESULTS_MULTICAST, RESULTS_UNICAST, PROBES, WRONG_GENERATION, SLOT_OUT_OF_RANGE, BAD_COUNT,
-    STALE, DUPLICATE_PENDING, QUERIES, N_JOB_COUNTERS
+    STALE, DUPLICATE_PENDING, QUERIES, RESULTS_TO_OWNER, BAD_OWNER, N_JOB_COUNTERS
 };
 
 typedef struct {
@@ -76,10 +76,10 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         sw->global[BAD_VERSION]++;
         return 0;
     }
-    int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER];
+    int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
     uint32_t count = get16(p + OFF_COUNT);
-    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~FLAG_COPY || p[OFF_OWNER]
-            || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
+    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~(FLAG_COPY | FLAG_OWNER)
+            || (owner && !(flags & FLAG_OWNER)) || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
         sw->global[MALFORMED]++;
         return 0;
     }
@@ -107,6 +107,10 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
     }
     if (slot >= job->slot_count) {
         counters[SLOT_OUT_OF_RANGE]++;
+        return 0;
+    }
+    if (owner >= job->n_workers) {  /* not one of the job's ranks (0 without FLAG_OWNER, which every job has) */
+        counters[BAD_OWNER]++;
         return 0;
     }
     if (type == TYPE_CONTRIB && count != job->k) {
@@ -175,22 +179,28 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         counters[CONTRIBUTIONS]++;
         return 0;
     }
-    int n = repeat ? 1 : job->n_workers;
+    /* A reduce-scatter's chunk (FLAG_OWNER, as the packet has it) goes whole to its owner alone; every other
+     * worker gets the header with count 0 (SwitchModel._aggregate). */
+    int to_owner = (flags & FLAG_OWNER) != 0, n = repeat ? 1 : job->n_workers;
     for (int r = 0; r < n; r++) {
         unsigned char *row = out + r * out_stride;
+        int rank = repeat ? worker : r, whole = !to_owner || rank == owner;
         write_head(row, p, TYPE_RESULT);
         row[OFF_EXPONENT] = (unsigned char)sw->exponent[i];
-        if (!repeat)
-            row[OFF_WORKER] = (unsigned char)r;  /* each replica names its rank, as the P4 egress writes it */
-        memcpy(row + HEADER_SIZE, sw->values[i], bytes);
-        out_len[r] = (uint32_t)(HEADER_SIZE + bytes);
+        row[OFF_WORKER] = (unsigned char)rank;  /* each replica names its rank, as the P4 egress writes it */
+        if (whole) {
+            memcpy(row + HEADER_SIZE, sw->values[i], bytes);
+        } else {
+            put16(row + OFF_COUNT, 0);
+        }
+        out_len[r] = (uint32_t)(HEADER_SIZE + (whole ? bytes : 0));
         memcpy(out_names + r * NAME, repeat ? src : job->names[r], NAME);
     }
     if (repeat) {
         counters[RESULTS_UNICAST]++;
     } else {
         counters[CONTRIBUTIONS]++;
-        counters[RESULTS_MULTICAST]++;
+        counters[to_owner ? RESULTS_TO_OWNER : RESULTS_MULTICAST]++;
     }
     return n;
 }

@@ -31,7 +31,8 @@ class GlobalDrop(enum.IntEnum):
     reassembles fragments, so it never counts them.
     """
 
-    MALFORMED = 0  # too short, lengths disagree (IPv4, UDP, count), bad type, reserved bits, worker >= 32
+    MALFORMED = 0  # too short, lengths disagree (IPv4, UDP, count), bad type, unknown flags, an owner without
+    # FLAG_OWNER, worker >= 32
     BAD_VERSION = 1
     NOT_ADMITTED = 2  # no admission entry for (job, worker, source IP, source port, key)
     IP_OPTIONS = 3  # an IPv4 header other than 20 bytes (options), UDP, sent to the switch
@@ -42,7 +43,7 @@ class JobCounter(enum.IntEnum):
     """Per-job events: what was done, then each reason for a drop."""
 
     CONTRIBUTIONS = 0  # contributions counted into a sum
-    RESULTS_MULTICAST = 1  # finished sums sent to every worker
+    RESULTS_MULTICAST = 1  # finished sums sent whole to every worker
     RESULTS_UNICAST = 2  # stored sums resent to a worker that retransmitted
     PROBES = 3  # probes answered
     WRONG_GENERATION = 4  # a packet of generation 0: no run's (every tag register powers up holding it)
@@ -51,9 +52,14 @@ class JobCounter(enum.IntEnum):
     STALE = 7  # a chunk older than the one the slot copy holds
     DUPLICATE_PENDING = 8  # a repeat from a counted worker while the sum is unfinished
     QUERIES = 9  # queries answered (with a PENDING)
+    # Finished sums of reduce-scatter chunks (FLAG_OWNER): whole to their owner, the header alone (count 0)
+    # to every other worker. A finished sum counts here or in RESULTS_MULTICAST, never both.
+    RESULTS_TO_OWNER = 10
+    BAD_OWNER = 11  # FLAG_OWNER with an owner that is not one of the job's ranks (owner >= workers)
 
 
-JOB_DROPS = tuple(c for c in JobCounter if JobCounter.WRONG_GENERATION <= c <= JobCounter.DUPLICATE_PENDING)
+JOB_DROPS = (JobCounter.WRONG_GENERATION, JobCounter.SLOT_OUT_OF_RANGE, JobCounter.BAD_COUNT, JobCounter.BAD_OWNER,
+             JobCounter.STALE, JobCounter.DUPLICATE_PENDING)
 
 
 def new_generation(avoid: int = 0) -> int:

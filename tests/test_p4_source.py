@@ -88,6 +88,7 @@ def test_constants_match():
     assert c["SA_UDP_PORT"] == wire.UDP_PORT and c["SA_VERSION"] == wire.VERSION
     assert c["SA_MAX_WORKERS"] == wire.MAX_WORKERS and c["SA_VALUES"] == wire.P4_VALUES_PER_PACKET
     assert c["SA_HEADER_BYTES"] == wire.HEADER_SIZE and c["SA_FLAG_COPY"] == wire.FLAG_COPY
+    assert c["SA_FLAG_OWNER"] == wire.FLAG_OWNER
     for t in wire.PacketType:
         assert c[f"SA_TYPE_{t.name}"] == t.value
     for d in GlobalDrop:

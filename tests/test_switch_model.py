@@ -12,7 +12,7 @@ from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
 from switchagg.switch.native import NativeSwitch
 from switchagg.switch.records import RESULTS_KEPT
 from switchagg.transport import sockaddr_in
-from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
+from switchagg.wire import FLAG_COPY, FLAG_OWNER, HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 from . import frames
 
@@ -121,6 +121,88 @@ def test_repeat_before_completion_is_dropped_and_counted(sw):
     assert decode(out[0])[1].tolist() == [6] * K  # the repeat was not added
 
 
+def owned(worker, chunk, owner, values=None, *, copy=0, **kw):
+    """A reduce-scatter chunk's contribution: FLAG_OWNER set, its sum whole to ``owner`` alone."""
+    return pkt(worker, chunk, values, copy=copy, **{"flags": FLAG_OWNER | copy, "owner": owner, **kw})
+
+
+def test_an_owned_chunk_goes_whole_to_its_owner_and_as_a_header_to_the_others(sw):
+    """Every worker gets the RESULT (it frees the slot and carries the next exponent); only the owner its values."""
+    sw.process(owned(0, 5, 1, [1, 2, 3, 4], exp=2, copy=1), src(0))
+    sw.process(owned(2, 5, 1, [10, 20, 30, 40], exp=7, copy=1), src(2))
+    out = sw.process(owned(1, 5, 1, [100, 200, 300, 400], exp=-1, copy=1), src(1))
+    assert [e.dst for e in out] == [src(0), src(1), src(2)]
+    heads = [unpack_header(e.payload()) for e in out]
+    for rank, h in enumerate(heads):
+        assert h._replace(worker=0, count=0) == heads[0]._replace(count=0)  # the same header but recipient, count
+        assert h.type == PacketType.RESULT and h.worker == rank and h.flags == FLAG_OWNER | FLAG_COPY
+        assert (h.owner, h.exponent, h.chunk, h.slot, h.generation) == (1, 7, 5, 0, 9)
+    assert decode(out[1])[1].tolist() == [111, 222, 333, 444] and heads[1].count == K
+    for bare in (out[0], out[2]):
+        assert bare.values is None and len(bare.payload()) == HEADER_SIZE and unpack_header(bare.payload()).count == 0
+    c = jc(sw)
+    assert (c["contributions"], c["results_to_owner"], c["results_multicast"]) == (3, 1, 0)
+    assert sw.registers(1).values == np.array([111, 222, 333, 444], ">i4").tobytes()  # kept for repeats
+
+
+def test_a_repeat_of_an_owned_chunk_is_whole_for_its_owner_and_a_header_for_the_others(sw):
+    for w in range(3):
+        sw.process(owned(w, 4, 2, exp=w), src(w))
+    (mine,) = sw.process(owned(2, 4, 2), src(2))
+    (theirs,) = sw.process(owned(0, 4, 2), src(0))
+    assert mine.dst == src(2) and decode(mine)[1].tolist() == [6] * K
+    h = unpack_header(theirs.payload())
+    assert theirs.dst == src(0) and theirs.values is None and len(theirs.payload()) == HEADER_SIZE
+    assert (h.type, h.worker, h.owner, h.flags, h.exponent, h.count) == (PacketType.RESULT, 0, 2, FLAG_OWNER, 2, 0)
+    (plain,) = sw.process(pkt(0, 4), src(0))  # a repeat without the flag: the whole sum, as always
+    assert decode(plain)[1].tolist() == [6] * K
+    c = jc(sw)
+    assert (c["results_unicast"], c["results_to_owner"], c["contributions"]) == (3, 1, 3)
+
+
+def test_the_completing_contribution_says_whether_and_to_whom_a_sum_goes_whole(sw):
+    """All ranks mark a chunk alike; where they do not, the last one's header is the result's."""
+    sw.process(owned(0, 1, 0), src(0))
+    sw.process(owned(1, 1, 0), src(1))
+    assert [e.values is None for e in sw.process(pkt(2, 1), src(2))] == [False] * 3
+    sw.process(pkt(0, 2), src(0))
+    sw.process(owned(1, 2, 0), src(1))
+    assert [e.values is None for e in sw.process(owned(2, 2, 2), src(2))] == [True, True, False]
+    c = jc(sw)
+    assert (c["results_multicast"], c["results_to_owner"]) == (1, 1)
+
+
+def test_a_one_worker_job_sends_an_owned_sum_whole(model):
+    m = model(16)
+    m.add_job(job(n=1))
+    (out,) = m.process(owned(0, 3, 0), src(0))
+    assert decode(out)[1].tolist() == [1] * K and jc(m)["results_to_owner"] == 1
+
+
+def test_an_owner_outside_the_job_is_dropped_by_the_job_and_one_without_the_flag_is_malformed(sw):
+    assert sw.process(owned(0, 3, 3), src(0)) == []  # 3 workers: ranks 0..2
+    assert sw.process(owned(0, 3, 255), src(0)) == []
+    assert sw.process(query(0, 3, flags=FLAG_OWNER, owner=3), src(0)) == []
+    assert sw.process(pkt(0, 3, owner=1), src(0)) == []  # an owner, no flag
+    assert sw.process(owned(0, 3, 1, flags=FLAG_OWNER | 0x04), src(0)) == []  # a flag no one defined
+    assert jc(sw)["bad_owner"] == 3 and sw.counters()["global"]["malformed"] == 2
+    assert sw.registers(0).count == 0  # none of them reached the state
+    assert sw.process(owned(0, 3, 1, gen=0), src(0)) == []  # generation 0 and the slot are checked first
+    assert sw.process(owned(0, 3, 3, slot=4), src(0)) == []
+    c = jc(sw)
+    assert (c["bad_owner"], c["wrong_generation"], c["slot_out_of_range"]) == (3, 1, 1)
+
+
+def test_queries_and_probes_may_carry_the_owner(sw):
+    """A worker may mark every packet of an owned chunk: a query and a probe are answered as unmarked ones."""
+    sw.process(owned(0, 3, 2), src(0))
+    assert pending(sw.process(query(1, 3, flags=FLAG_OWNER, owner=2), src(1))) == (src(1), 0b1)
+    probe = make_header(PacketType.PROBE, job=1, worker=0, key=KEY, owner=2).pack()
+    (reply,) = sw.process(probe, src(0))
+    assert unpack_header(reply.payload()) == unpack_header(probe)._replace(type=PacketType.PROBE_REPLY, generation=9)
+    assert (jc(sw)["queries"], jc(sw)["probes"]) == (1, 1)
+
+
 @pytest.mark.parametrize("complete", [False, True])
 def test_older_chunk_is_stale_whether_or_not_the_copy_is_complete(sw, complete):
     for w in range(3 if complete else 1):
@@ -223,7 +305,8 @@ def test_two_runs_on_one_copy_start_it_afresh_by_turns_and_never_mix(sw):
     ({"job_id": 2}, "not_admitted"),
     ({"version": 2}, "bad_version"),
     ({"owner": 1}, "malformed"),
-    ({"flags": 0x02}, "malformed"),
+    ({"flags": 0x04}, "malformed"),
+    ({"flags": 0x80, "owner": 1}, "malformed"),
     ({"worker": 32}, "malformed"),
     ({"type": PacketType.RESULT}, "malformed"),
     ({"type": 77}, "malformed"),
@@ -435,6 +518,8 @@ def random_traffic(rng, n_packets):
             chunk = (chunk - 1) & 0xFFFFFFFF  # a late duplicate of the chunk before
         values = rng.integers(-(2**31), 2**31, j.values_per_packet + (rng.random() < 0.02))  # some of wrong K
         kw = dict(job_id=j.job_id, slot=slot, copy=copy, gen=j.generation, exp=int(rng.integers(-128, 128)))
+        if chunk % 3 == 0:  # a reduce-scatter's chunk, every rank naming its owner, now and then one outside the job
+            kw |= {"flags": FLAG_OWNER | copy, "owner": chunk % j.n_workers if rng.random() < 0.98 else j.n_workers}
         data, source = pkt(worker, chunk, values, **kw), j.workers[worker]
         roll = rng.random()
         if roll < 0.05:

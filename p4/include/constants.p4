@@ -22,6 +22,7 @@ const bit<16> SA_CONTRIB_IP_BYTES = 20 + SA_CONTRIB_UDP_BYTES;
 const bit<16> SA_HEADER_UDP_BYTES = 8 + SA_HEADER_BYTES;
 const bit<16> SA_HEADER_IP_BYTES = 20 + SA_HEADER_UDP_BYTES;
 const bit<8>  SA_FLAG_COPY = 0x01;
+const bit<8>  SA_FLAG_OWNER = 0x02;  /* a reduce-scatter's chunk: its sum goes whole to `owner` alone */
 
 /* What a switchagg packet is carried in */
 const bit<16> SA_ETHERTYPE_IPV4 = 0x0800;
@@ -35,7 +36,8 @@ const bit<32> SA_DROP_IP_OPTIONS = 3;
 const bit<32> SA_DROP_FRAGMENT = 4;
 #define SA_NUM_GLOBAL_DROPS 5
 
-/* Per-job events (JobCounter): what was done, each reason for a drop, then queries answered. The
+/* Per-job events (JobCounter): what was done, each reason for a drop, queries answered, then the
+ * reduce-scatter's sums and drop (section 4b of docs/protocol.md). The
  * v1model program keeps one counter array per event, named after it; the TNA program one array whose
  * index is the job's index times SA_JOB_COUNTER_STRIDE plus the event. */
 const bit<8>  SA_JOB_CONTRIBUTIONS = 0;
@@ -48,7 +50,9 @@ const bit<8>  SA_JOB_BAD_COUNT = 6;
 const bit<8>  SA_JOB_STALE = 7;
 const bit<8>  SA_JOB_DUPLICATE_PENDING = 8;
 const bit<8>  SA_JOB_QUERIES = 9;
-#define SA_NUM_JOB_COUNTERS 10
+const bit<8>  SA_JOB_RESULTS_TO_OWNER = 10;  /* a reduce-scatter's sum: whole to its owner, a header to the rest */
+const bit<8>  SA_JOB_BAD_OWNER = 11;         /* FLAG_OWNER with an owner that is not one of the job's ranks */
+#define SA_NUM_JOB_COUNTERS 12
 #define SA_JOB_COUNTER_STRIDE 16
 
 /* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1, so

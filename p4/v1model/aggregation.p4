@@ -34,6 +34,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_stale;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_duplicate_pending;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_queries;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_to_owner;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_bad_owner;
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new

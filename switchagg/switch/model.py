@@ -25,6 +25,7 @@ from ..frames import datagram_of
 from ..jobs import Address, GlobalDrop, JobCounter, JobEntry, JobTable, named_counters
 from ..wire import (
     FLAG_COPY,
+    FLAG_OWNER,
     HEADER_SIZE,
     MAX_WORKERS,
     VALUE_DTYPE,
@@ -118,8 +119,9 @@ class SwitchModel:
         h = unpack_header(data)
         if h.version != VERSION:
             return self._drop(GlobalDrop.BAD_VERSION)
-        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY) or h.flags & ~FLAG_COPY
-                or h.owner or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
+        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY)
+                or h.flags & ~(FLAG_COPY | FLAG_OWNER) or (h.owner and not h.flags & FLAG_OWNER)
+                or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
                 or (h.type != PacketType.CONTRIB and h.count)):
             return self._drop(GlobalDrop.MALFORMED)
         job = self._admission.get((h.job, h.worker, src[0], src[1], h.key))
@@ -137,6 +139,11 @@ class SwitchModel:
             return []
         if h.slot >= job.slot_count:
             counters[JobCounter.SLOT_OUT_OF_RANGE] += 1
+            return []
+        # An owner is a rank of the job, which only admission knows: a drop of the job's, not malformed.
+        # Without FLAG_OWNER the owner is 0 (checked above), which every job has.
+        if h.owner >= job.n_workers:
+            counters[JobCounter.BAD_OWNER] += 1
             return []
         if h.type == PacketType.QUERY:
             return self._query(h, src, job, counters)
@@ -237,17 +244,26 @@ class SwitchModel:
         if not complete:
             counters[JobCounter.CONTRIBUTIONS] += 1
             return []
+        # A reduce-scatter's chunk (FLAG_OWNER) goes whole to its owner alone: every other worker gets the
+        # RESULT's header with count 0, which frees its slot and carries the next exponent. The flag and
+        # the owner are the packet's (the completing one's, or the repeat's): all ranks mark a chunk alike.
+        to_owner = bool(h.flags & FLAG_OWNER)
         result = self._snapshot(row)
         if repeat:
             counters[JobCounter.RESULTS_UNICAST] += 1
+            if to_owner and h.worker != h.owner:
+                return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent, count=0), None)]
             return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), result)]
         counters[JobCounter.CONTRIBUTIONS] += 1
-        counters[JobCounter.RESULTS_MULTICAST] += 1
+        counters[JobCounter.RESULTS_TO_OWNER if to_owner else JobCounter.RESULTS_MULTICAST] += 1
         # One replica per worker, each with its rank in the worker field (as the P4 egress writes it).
         v, _, flags, _, job_id, slot, chunk, generation, key, _, owner, count = h
-        return [Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key, exponent,
-                                 owner, count), result)
-                for rank, dst in enumerate(job.workers)]
+        out = []
+        for rank, dst in enumerate(job.workers):
+            whole = not to_owner or rank == owner
+            out.append(Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key,
+                                        exponent, owner, count if whole else 0), result if whole else None))
+        return out
 
     def _snapshot(self, row: np.ndarray) -> np.ndarray:
         """A read-only copy of a result row, in the next buffer of a ring kept per K."""
