@@ -21,7 +21,7 @@ from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.targets import p4job
-from switchagg.wire import EXP_NONE, PacketType, make_header, unpack_header
+from switchagg.wire import EXP_NONE, FLAG_OWNER, HEADER_SIZE, PacketType, make_header, unpack_header
 
 from . import frames
 from .conftest import need
@@ -56,9 +56,10 @@ class Differential:
     def generation(self, job_id: int) -> int:
         return self.model.jobs[job_id].generation
 
-    def _drain(self, wait: float) -> list[tuple[int, frames.Frame]]:
-        parsed = [(i, frames.parse(data)) for i, data in netns.incoming(self.socks, wait)]
-        return [(i, f) for i, f in parsed if f is not None]
+    def _drain(self, wait: float) -> list[tuple[int, frames.Frame, int]]:
+        """What the hosts received: (host, parsed frame, the frame's length in bytes)."""
+        parsed = [(i, frames.parse(data), len(data)) for i, data in netns.incoming(self.socks, wait)]
+        return [(i, f, size) for i, f, size in parsed if f is not None]
 
     def frame(self, host: int, payload: bytes, src: tuple[str, int] | None = None) -> bytes:
         """``payload`` as UDP from ``host`` (``src``: its address and port) to the switch."""
@@ -82,10 +83,14 @@ class Differential:
         while len(got) < len(expected) and time.monotonic() < deadline:
             got += self._drain(0.05)
         got += self._drain(0.01)  # nothing more may follow
+        # A frame that holds its datagram alone gets answers that hold theirs alone: a result of the header
+        # alone (reduce-scatter) ends after the header, whatever the contribution carried after it.
+        exact = len(frame) == 14 + int.from_bytes(frame[16:18], "big")
         seen = []
-        for rx, f in got:
+        for rx, f, size in got:
             assert f.ip_checksum_ok and f.udp_checksum == 0
             assert f.src == (bed.switch_ip, 16711) and f.src_mac == mac_bytes(bed.switch_mac)
+            assert size == 42 + len(f.payload) or not exact
             seen.append((rx, f.dst_mac, f.dst, f.payload))
         assert sorted(seen) == expected
         return expected
@@ -110,6 +115,7 @@ def diff():
         d.deploy(bed.job([0, 1], job_id=2, slot_base=8, slot_count=4, port_base=41000))
         d.deploy(bed.job([2, 3, 4, 5, 6], job_id=3, slot_base=12, slot_count=4, port_base=42000))
         d.deploy(shared_port_job(bed))
+        d.deploy(bed.job([8], job_id=5, slot_base=18, slot_count=2, port_base=44000))  # one worker
         yield d
         for s in d.socks:
             s.close()
@@ -135,6 +141,12 @@ def contrib(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 
                     generation=d.generation(job_id), key=cfg.key, exponent=exponent, count=len(vals))
     h = h._replace(**override)
     return w.switch_port, h.pack() + vals.astype(">i4").tobytes(), w.address.tuple
+
+
+def owned(d: Differential, job_id: int, rank: int, chunk: int, owner: int, *, copy: int = 0,
+          **kw) -> tuple[int, bytes, tuple[str, int]]:
+    """A reduce-scatter chunk's contribution: FLAG_OWNER set, its sum whole to ``owner`` alone."""
+    return contrib(d, job_id, rank, chunk, copy=copy, **{"flags": FLAG_OWNER | copy, "owner": owner, **kw})
 
 
 def query(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 0, copy: int = 0,
@@ -294,10 +306,13 @@ def test_seeded_random_sequences_with_loss_duplication_reordering(diff, seed):
             for r in range(n):
                 vals = [rng.randrange(-2**31, 2**31) for _ in range(K)]
                 exp = rng.choice([EXP_NONE, -20, 0, 5, 127])
-                p = contrib(diff, job, r, base + 4 * rnd + slot, slot=slot, copy=rnd % 2, values=vals, exponent=exp)
+                # the second round is a reduce-scatter's: each chunk's sum whole to one rank
+                mark = {"flags": FLAG_OWNER | rnd % 2, "owner": slot % n} if rnd == 1 else {}
+                p = contrib(diff, job, r, base + 4 * rnd + slot, slot=slot, copy=rnd % 2, values=vals, exponent=exp,
+                            **mark)
                 if rng.random() < 0.25:  # a query, for this chunk or a neighbour's, now and then
                     packets.append(query(diff, job, r, base + 4 * rnd + slot + rng.choice([-4, 0, 0, 4]), slot=slot,
-                                         copy=rnd % 2))
+                                         copy=rnd % 2, **mark))
                 if rng.random() < 0.15:
                     continue  # lost
                 packets.append(p)
@@ -463,12 +478,66 @@ def test_malformed_queries(diff):
         assert send(diff, (host, values, src)) == []
     assert send(diff, (host, payload + bytes(4), src)) == []  # a count of 0, 4 bytes more
     assert send(diff, (host, payload[:20], src)) == []  # shorter than the header
-    for bad in ({"count": 1}, {"count": K}, {"count": 0x4000}, {"owner": 1}, {"flags": 0x02}, {"worker": 32},
+    for bad in ({"count": 1}, {"count": K}, {"count": 0x4000}, {"owner": 1}, {"flags": 0x04}, {"worker": 32},
                 {"version": 2}, {"type": PacketType.PENDING}, {"type": 7}):  # counts its length does not hold, ...
         assert send(diff, query(diff, 1, 2, 90, slot=6, **bad)) == []
     assert pending(diff.send_frame(host, diff.frame(host, payload, src) + bytes(30))) == 0  # past the datagram
     assert diff.send_frame(host, diff.frame(host, payload, src)[:-1]) == []  # the frame ends before it
     assert diff.send_frame(host, frames.rewrite_ip(diff.frame(host, payload, src), checksum=0x0BAD)) != []
+    diff.check_counters()
+
+
+def ranks_served(d: Differential, job_id: int, out: list) -> dict[int, int]:
+    """Each recipient's rank and the values it got: {rank: count}, checked against the payload's length."""
+    address = {w.address.tuple: rank for rank, w in enumerate(d.jobs[job_id].workers)}
+    got = {}
+    for _, _, dst, payload in out:
+        h = unpack_header(payload)
+        assert h.type == PacketType.RESULT and h.worker == address[dst] and len(payload) == HEADER_SIZE + 4 * h.count
+        got[h.worker] = h.count
+    return got
+
+
+SCATTER_RUN = 0x5CA77E2  # the reduce-scatter tests' session generation
+
+
+@pytest.mark.parametrize("job_id, owner, chunk", [(2, 0, 5000), (3, 4, 5001), (1, 5, 5002), (4, 1, 5003),
+                                                   (4, 0, 5004), (5, 0, 5005)])
+def test_a_reduce_scatter_sum_goes_whole_to_its_owner_and_as_a_header_to_the_others(diff, job_id, owner, chunk):
+    """Job 4's ranks 0 and 1 share a port (replicas told apart by instance); job 5 has one worker. The header
+    alone is 24 bytes in a frame of 66 (send checks its lengths and checksum against the model's). The run's own
+    session generation: copies that earlier tests left (fuzzed chunk ids among them) are empty to it."""
+    n = diff.jobs[job_id].n_workers
+    mark = {"slot": 1, "copy": 1, "generation": SCATTER_RUN}
+    outs = [send(diff, owned(diff, job_id, r, chunk, owner, exponent=r - 3, **mark)) for r in range(n)]
+    assert all(o == [] for o in outs[:-1])
+    assert ranks_served(diff, job_id, outs[-1]) == {r: K if r == owner else 0 for r in range(n)}
+    for r in range(n):  # a repeat: whole to the owner, the header to the others
+        assert ranks_served(diff, job_id, send(diff, owned(diff, job_id, r, chunk, owner, **mark))) == {
+            r: K if r == owner else 0}
+    diff.check_counters()
+
+
+def test_reduce_scatter_chunks_among_allreduce_ones_and_the_completing_packets_mark(diff):
+    """Each sum goes as its last contribution says; a query may carry the owner."""
+    run = {"slot": 2, "generation": SCATTER_RUN}
+    for chunk, marks in ((5010, [None, None, 2, 1, 1]), (5011, [0, 0, 0, 0, None]), (5012, [3] * 5)):
+        for r, owner in enumerate(marks):
+            out = send(diff, contrib(diff, 3, r, chunk, **run) if owner is None
+                       else owned(diff, 3, r, chunk, owner, **run))
+        assert ranks_served(diff, 3, out) == {r: K if marks[-1] in (None, r) else 0 for r in range(5)}
+        assert pending(send(diff, query(diff, 3, 0, chunk, flags=FLAG_OWNER, owner=4, **run))) == 0b11111
+    diff.check_counters()
+
+
+def test_an_owner_outside_the_job_or_without_its_flag_is_dropped(diff):
+    for bad in ({"owner": 2}, {"owner": 255}, {"flags": FLAG_OWNER | 0x04}, {"flags": 0}):  # job 2 has 2 workers
+        assert send(diff, owned(diff, 2, 0, 5020, **{"owner": 1, **bad}, slot=3)) == []
+    assert send(diff, query(diff, 2, 0, 5020, slot=3, flags=FLAG_OWNER, owner=2)) == []
+    assert send(diff, owned(diff, 2, 0, 5020, 5, slot=3, generation=0)) == []  # the generation is checked first
+    assert send(diff, owned(diff, 2, 0, 5020, 5, slot=4)) == []  # and the slot
+    assert send(diff, owned(diff, 2, 0, 5020, 5, slot=3, values=[1, 2])) == []  # then the owner, then the count
+    assert diff.status(2).counters["bad_owner"] >= 4
     diff.check_counters()
 
 

@@ -132,6 +132,35 @@ def test_reply_checksum_steps_give_the_ipv4_checksum():
         assert checksum == ipv4_checksum(ip[:10] + bytes(2) + ip[12:]), ip.hex()
 
 
+def test_header_only_checksum_steps_keep_the_ipv4_checksum_right():
+    """egress.p4's header_only, written out here with headers.p4's masks: a replica's IPv4 header as the control
+    plane wrote it (checksum right), K values' bytes fewer in both lengths and its checksum as many more, the
+    carry out of 16 bits added back in, on headers whose checksum carries (>= 0xff00) and whose does not."""
+    checksum_mask = header_mask("OUTER_IP_CHECKSUM")
+    values = 4 * wire.P4_VALUES_PER_PACKET
+    lengths = values << 192 | values << 16  # OUTER_VALUES_IN_LENGTHS
+    v1model = (P4 / "v1model" / "egress.p4").read_text()
+    assert "(bit<336>)(4 * SA_VALUES) << 128" in p4_block(v1model, "action header_only()")
+    assert re.search(r"#define OUTER_VALUES_IN_LENGTHS \(\(bit<336>\)\(4 \* SA_VALUES\) << 192 "
+                     r"\| \(bit<336>\)\(4 \* SA_VALUES\) << 16\)", V1MODEL_HEADERS.read_text())
+    rng = random.Random(21)
+    carried = 0
+    for _ in range(4000):
+        total = rng.randrange(20 + 8 + wire.HEADER_SIZE + values, 0x10000)
+        ip = bytearray(rng.randbytes(20))
+        ip[0], ip[2:4], ip[10:12] = 0x45, total.to_bytes(2, "big"), bytes(2)
+        ip[10:12] = ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+        carried += ip[10] == 0xFF
+        udp = bytes(4) + (total - 20).to_bytes(2, "big") + bytes(2)
+        head = int.from_bytes(bytes(14) + ip + udp, "big")
+        checksum = (head & checksum_mask) + (values << 128)
+        head = (head & ~checksum_mask) - lengths | (checksum + (checksum >> 16)) & checksum_mask
+        out = head.to_bytes(42, "big")
+        assert ipv4_checksum(out[14:34]) == 0, ip.hex()
+        assert int.from_bytes(out[16:18], "big") == total - values == 20 + int.from_bytes(out[38:40], "big")
+    assert carried > 5
+
+
 def test_one_counter_array_per_job_counter():
     text = (P4 / "v1model" / "aggregation.p4").read_text()
     arrays = re.findall(r"counter<bit<16>>\(SA_NUM_JOB_IDS, CounterType\.packets\)\s+job_(\w+);", text)

@@ -107,6 +107,13 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         job_results_multicast.count(hdr.sa.job);
         std.mcast_grp = (bit<16>)hdr.local.job[47:40];
     }
+    /* The last contribution to a reduce-scatter's chunk (FLAG_OWNER): through the same group, whose
+     * replicas egress strips of the values but the owner's (docs/protocol.md section 4b). */
+    action result_to_owner() {
+        job_contributions.count(hdr.sa.job);
+        job_results_to_owner.count(hdr.sa.job);
+        std.mcast_grp = (bit<16>)hdr.local.job[47:40];
+    }
     /* Back to the sender, from the switch's own addresses (the ones the packet was sent to) and
      * its switchagg port: the addresses swapped, the rest of the IPv4 header kept but its checksum,
      * which is worked out afresh (the packet's own may be wrong: it is not verified), the UDP
@@ -129,6 +136,18 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     action result_to_sender() {
         job_results_unicast.count(hdr.sa.job);
         hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
+        reply_to_sender();
+    }
+    /* A reduce-scatter's chunk repeated by a worker that does not own it: the result's header alone, with
+     * the exponent kept (count 0, no values, K values' bytes fewer in both lengths, before the reply's
+     * checksum is worked out). */
+    action header_to_sender() {
+        job_results_unicast.count(hdr.sa.job);
+        exponent.read(hdr.sa.exponent, hdr.local.idx);
+        hdr.vals.setInvalid();
+        hdr.sa.owner_count = hdr.sa.owner_count & SA_OWNER_BITS;
+        hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
+        hdr.outer.head = hdr.outer.head - OUTER_VALUES_IN_LENGTHS;
         reply_to_sender();
     }
     action probe_reply() {
@@ -168,6 +187,10 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         job_bad_count.count(hdr.sa.job);
         mark_to_drop(std);
     }
+    action drop_bad_owner() {
+        job_bad_owner.count(hdr.sa.job);
+        mark_to_drop(std);
+    }
 
     /* Each outcome's steps in one action where the outcome is known before them (BMv2 pays per
      * action called as well as per primitive). */
@@ -183,10 +206,14 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         add_contribution();
         result_to_all();
     }
+    action add_contribution_to_owner() {
+        add_contribution();
+        result_to_owner();
+    }
 
     /* An admitted packet, with the same outcome as SwitchModel.process: the common case (a
-     * contribution of K values of a run's generation, any but 0, to a slot of the job) is tested
-     * first, each outcome is decided as soon as the stages before it allow, and the drop reasons are
+     * contribution of K values of a run's generation, any but 0, to a slot of the job, its owner one
+     * of the job's ranks: 0 without FLAG_OWNER, which the parser checked) is tested first, each outcome is decided as soon as the stages before it allow, and the drop reasons are
      * told apart only off that path, as is a query (of a run's generation and the job's slots: its
      * checks are a contribution's but the count's), which reads the tag and the workers and writes
      * nothing. A stale chunk stops after the tag stage, and sets no other field of hdr.local. The
@@ -194,12 +221,16 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
      * a run's session generation is the workers' choice, and the tag keeps runs apart. */
     apply {
         if (hdr.vals.isValid() && hdr.sa.chunk_generation & SA_GENERATION_BITS != 0
-                && hdr.sa.slot < hdr.local.job[63:48]) {
+                && hdr.sa.slot < hdr.local.job[63:48] && hdr.sa.owner_count[23:16] < hdr.local.job[39:32]) {
             tag_stage();
             if (hdr.local.fresh == 1) {
                 if (hdr.local.job & LOCAL_COUNT_BITS == LOCAL_COUNT_ONE) {  /* a job of one worker */
                     start_copy();
-                    result_to_all();
+                    if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
+                        result_to_all();
+                    } else {
+                        result_to_owner();
+                    }
                 } else {
                     start_copy_counted();
                 }
@@ -208,14 +239,21 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             } else {
                 count_worker();
                 if (hdr.local.seen == 1) {
-                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
+                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS != 0) {
+                        drop_duplicate_pending();
+                    } else if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS != 0
+                               && hdr.sa.version_type_flags_worker[7:0] != hdr.sa.owner_count[23:16]) {
+                        header_to_sender();  /* a reduce-scatter's chunk, not this worker's */
+                    } else {
                         read_result();
                         result_to_sender();
-                    } else {
-                        drop_duplicate_pending();
                     }
                 } else if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
-                    add_contribution_to_all();
+                    if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
+                        add_contribution_to_all();
+                    } else {
+                        add_contribution_to_owner();
+                    }
                 } else {
                     add_contribution_counted();
                 }
@@ -226,6 +264,8 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             drop_wrong_generation();
         } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();
+        } else if (hdr.sa.owner_count[23:16] >= hdr.local.job[39:32]) {  /* not one of the job's ranks */
+            drop_bad_owner();
         } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_QUERY << 16) {
             read_tag();
             if (hdr.local.fresh == 0 && hdr.sa.chunk_generation != hdr.local.tag) {  /* an older chunk */

@@ -1,6 +1,8 @@
 /* Egress: each replica of a finished sum is addressed to its worker; a flooded frame is not sent
  * back out of the port it came in on. A replica is written two fields (BMv2 pays per field
- * written), the headers that differ between workers and what they share alike.
+ * written), the headers that differ between workers and what they share alike. A reduce-scatter's
+ * sum (FLAG_OWNER) goes whole to its owner alone: every other worker's replica loses its values
+ * (docs/protocol.md section 4b).
  *
  * A job's multicast group holds one replica per worker, told apart by (egress port, instance): the
  * instance counts the job's workers before it on the same port, so workers on distinct ports all
@@ -20,6 +22,18 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
         hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker & SA_FLAGS_BITS | version_type_worker;
     }
 
+    /* A replica of a reduce-scatter's sum to a worker that does not own the chunk: its header alone,
+     * count 0, K values' bytes fewer in the IPv4 and UDP lengths, and the control plane's IPv4
+     * checksum as many more (the complement of a sum that lost them: RFC 1624), its carry out of
+     * 16 bits added back in (hdr.local, metadata.p4, holds it on the way). */
+    action header_only() {
+        hdr.local.checksum = (hdr.outer.head & OUTER_IP_CHECKSUM) + ((bit<336>)(4 * SA_VALUES) << 128);
+        hdr.outer.head = (hdr.outer.head & ~OUTER_IP_CHECKSUM) - OUTER_VALUES_IN_LENGTHS
+                         | (hdr.local.checksum + (hdr.local.checksum >> 16)) & OUTER_IP_CHECKSUM;
+        hdr.sa.owner_count = hdr.sa.owner_count & SA_OWNER_BITS;
+        hdr.vals.setInvalid();
+    }
+
     table replica {
         key = {
             std.mcast_grp: exact;
@@ -33,9 +47,16 @@ control SaEgress(inout headers_t hdr, inout sa_metadata_t meta, inout standard_m
 
     /* Only a replica of a finished sum is in the table (its job's group, its worker's port and
      * instance), and it is all that egress rewrites. Any other replica is a flooded frame, which
-     * does not go back out of the port it came in on, or one of a sum with no entry, dropped. */
+     * does not go back out of the port it came in on, or one of a sum with no entry, dropped. An
+     * allreduce's replica tests one condition more, the flag. */
     apply {
-        if (!replica.apply().hit) {
+        if (replica.apply().hit) {
+            if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS != 0) {
+                if (hdr.sa.version_type_flags_worker[7:0] != hdr.sa.owner_count[23:16]) {
+                    header_only();
+                }
+            }
+        } else {
             if (std.instance_type == PKT_INSTANCE_TYPE_REPLICATION
                     && (hdr.sa.isValid() || std.egress_port == std.ingress_port)) {
                 mark_to_drop(std);

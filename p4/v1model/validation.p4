@@ -39,8 +39,9 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_QUERY)
-                || hdr.sa.version_type_flags_worker[15:8] & ~SA_FLAG_COPY != 0
-                || hdr.sa.owner_count[23:16] != 0
+                || hdr.sa.version_type_flags_worker[15:8] & ~(SA_FLAG_COPY | SA_FLAG_OWNER) != 0
+                /* an owner without FLAG_OWNER */
+                || (hdr.sa.owner_count[23:16] != 0 && hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0)
                 || hdr.sa.version_type_flags_worker[7:0] >= SA_MAX_WORKERS
                 /* a probe or a query with values */
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB && hdr.sa.owner_count[15:0] != 0)) {

@@ -30,6 +30,9 @@ header outer_h {
 #define OUTER_UDP_SRC     ((bit<336>)0xffff << 48)
 #define OUTER_UDP_DST     ((bit<336>)0xffff << 32)
 #define OUTER_UDP_LENGTH  ((bit<336>)0xffff << 16)
+/* What a RESULT of the header alone (a reduce-scatter's, to a worker that does not own the chunk) has
+ * less than one of K values, in the IPv4 and the UDP length: 4 * SA_VALUES bytes each */
+#define OUTER_VALUES_IN_LENGTHS ((bit<336>)(4 * SA_VALUES) << 192 | (bit<336>)(4 * SA_VALUES) << 16)
 /* From the EtherType to the IPv4 protocol: what a reply keeps */
 #define OUTER_ETHER_TYPE_TO_IP_PROTOCOL ((bit<336>)0xffffffffffffffffffffffff << 144)
 /* Five 32-bit lanes (at bits 0, 32, .., 128) of 16 bits each, for the IPv4 checksum of a reply
@@ -60,6 +63,10 @@ header switchagg_packed_h {
 #define SA_FLAGS_BITS      32w0x0000ff00
 #define SA_WORKER_BITS     32w0x000000ff
 #define SA_GENERATION_BITS 64w0x00000000ffffffff
+#define SA_OWNER_BITS      24w0xff0000  /* in owner_count */
+#define SA_COUNT_BITS      24w0x00ffff
+/* FLAG_OWNER where version_type_flags_worker holds it */
+const bit<32> SA_OWNER_FLAG_BITS = (bit<32>)SA_FLAG_OWNER << 8;
 
 /* What turns a contribution's type into a result's, a probe's into a reply's and a query's into a
  * PENDING, in place (xor on version_type_flags_worker) */
