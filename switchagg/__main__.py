@@ -25,7 +25,10 @@ DEFAULT_TARGET = "soft"  # what every control-plane subcommand talks to unless -
 
 
 def _cmd_switch(args: argparse.Namespace) -> int:
-    configs = [JobConfig.from_file(p) for p in args.config]
+    configs = [JobConfig.from_file(p) for p in args.config or ()]
+    if not configs and not (args.address and args.control):
+        raise ConfigError("with no --config, give --address (where it receives) and --control (where process "
+                          "groups deploy their jobs), e.g. --address 127.0.0.1:16711 --control 127.0.0.1:16712")
     address = Endpoint.parse(args.address, "--address") if args.address else configs[0].switch
     control = Endpoint.parse(args.control, "--control") if args.control else configs[0].control
     if args.control_any_address and control is None:
@@ -214,8 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="switchagg", description="In-network gradient aggregation: a switch sums your gradients.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("switch", help="run the embedded software switch for one or more jobs")
-    p.add_argument("--config", action="append", required=True, help="a job's TOML file (repeatable)")
+    p = sub.add_parser("switch", help="run the embedded software switch, for jobs from files or deployed later")
+    p.add_argument("--config", action="append",
+                   help="a job's TOML file (repeatable); none: jobs come through the control port, e.g. "
+                        "from init_process_group(\"switchagg\")")
     p.add_argument("--address", help="UDP address to listen on (default: the first config's switch.address)")
     p.add_argument("--control", help="the control port's TCP address (default: the first config's switch.control; "
                                      "none there: no control port)")

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .client import Client
 from .config import JobConfig
 from .errors import ConfigError, SwitchAggError
+from .torch_futures import failed_future, torch_future
 
 
 @dataclass
@@ -63,25 +64,8 @@ class SwitchAggState:
 def allreduce_hook(state: SwitchAggState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket`` over all ranks through the switch (float32, float16 or bfloat16 buckets)."""
     tensor = bucket.buffer()
-    cuda = tensor.device.type == "cuda"
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[tensor.device] if cuda else None)
-    side = torch.cuda.Stream(tensor.device) if cuda else None
-
-    def finish(done) -> None:
-        try:
-            result = done.result()
-        except BaseException as exc:  # noqa: BLE001 - handed to backward
-            future.set_exception(exc)
-            return
-        if side is None:
-            future.set_result(result)
-            return
-        with torch.cuda.stream(side):  # the Future records its CUDA event on this stream
-            side.wait_stream(torch.cuda.default_stream(tensor.device))
-            future.set_result(result)
-
     try:
-        state.client.allreduce_async(tensor, op="mean", out=tensor).add_done_callback(finish)  # in place
-    except BaseException as exc:  # noqa: BLE001 - e.g. NaN in the gradient: backward raises it
-        future.set_exception(exc)
-    return future
+        done = state.client.allreduce_async(tensor, op="mean", out=tensor)  # in place
+    except BaseException as exc:  # noqa: BLE001 - e.g. a closed client: backward raises it
+        return failed_future(exc, tensor.device)
+    return torch_future(done, tensor.device)

@@ -86,6 +86,8 @@ class TransportStats:
     recv_calls: int = 0
     refused: int = 0  # sends the kernel refused, or ICMP errors it reported (counted as loss)
     dropped: int = 0  # datagrams of a coalesced message beyond the room of one receive (counted as loss)
+    bytes_sent: int = 0  # UDP payload bytes handed to the kernel (those it refused too) ...
+    bytes_received: int = 0  # ... and received: what a reduce-scatter saves shows here
 
 
 class UdpSocket:
@@ -222,6 +224,7 @@ class UdpSocket:
             self.gso, self.segments = False, 1
             self._gso_refused = errno.errorcode.get(gso_errno, str(gso_errno))
         self.stats.sent += sent
+        self.stats.bytes_sent += int(self.out_lengths[:n].sum())
         self.stats.send_calls += calls
         self.stats.refused += refused
         return refused
@@ -272,6 +275,7 @@ class UdpSocket:
     def _send_plain(self, n: int) -> int:
         refused = 0
         view = memoryview(self.out_buf)
+        self.stats.bytes_sent += int(self.out_lengths[:n].sum())
         for i in range(n):
             at, length = int(self.out_offsets[i]), int(self.out_lengths[i])
             self.stats.send_calls += 1
@@ -312,6 +316,7 @@ class UdpSocket:
                                             self.in_lengths, names)
         self.stats.recv_calls += 1
         self.stats.received += got
+        self.stats.bytes_received += int(self.in_lengths[:got].sum())
         self.stats.dropped += dropped
         self.stats.refused += errors
         return got
@@ -354,5 +359,6 @@ class UdpSocket:
                 self.in_names[got] = np.frombuffer(sockaddr_in(addr), np.uint8)
             got += 1
         self.stats.received += got
+        self.stats.bytes_received += int(self.in_lengths[:got].sum())
         return got
 

@@ -64,6 +64,10 @@ class Target(abc.ABC):
     def status(self, job_id: int) -> JobStatus:
         """The job's parameters (None when not installed) and counters, and the switch-wide drops."""
 
+    def jobs(self) -> dict[int, tuple[int, int]]:
+        """The installed jobs' slot ranges, ``{job_id: (slot_base, slot_count)}``: where a new job fits."""
+        raise UnsupportedOperation(f"the {self.name} target cannot list its jobs")
+
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:
         """Compile this target's data plane into ``out_dir``; returns what was made, by name."""

@@ -56,6 +56,10 @@ class SoftTarget(Target):
         return request(self.control, {"op": "reset", "job": job_id,
                                       "key": self._key(job_id, "resetting")})["generation"]
 
+    def jobs(self) -> dict[int, tuple[int, int]]:
+        jobs = request(self.control, {"op": "status"})["jobs"]
+        return {int(j): (e["slot_base"], e["slot_count"]) for j, e in jobs.items()}
+
     def status(self, job_id: int) -> JobStatus:
         reply = request(self.control, {"op": "status"})
         drops, backend = reply["counters"]["global"], reply.get("backend", "")

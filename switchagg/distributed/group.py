@@ -1,0 +1,149 @@
+"""The ``switchagg`` process group: sums through the switch, everything else through gloo or NCCL.
+
+It is a ``torch.distributed.ProcessGroup`` written in Python, as torch's own
+``test/distributed/test_c10d_pypg.py`` shows: the collectives the switch does are methods here
+that return torch Work objects over the call's Future; everything else goes to the *fallback* backends registered on the
+group itself (gloo for CPU tensors, NCCL for CUDA ones where there is a GPU), built from the same
+store, so that any torch program runs unchanged. What goes where:
+
+* ``all_reduce`` with SUM or AVG of float32, float16, bfloat16 (through the codec, within its
+  bound) or int32 (SUM, exact): the switch. Other ops, dtypes (float64 keeps its precision on the
+  fallback) and non-contiguous tensors: the fallback.
+* ``reduce_scatter_tensor`` on the same terms: the switch, and each rank receives only its shard's
+  sums (``docs/protocol.md``, section 4b).
+* ``all_gather_into_tensor``: the fallback unless ``Options.all_gather == "switch"`` (which sums
+  each rank's bytes into place among zeros: exact, but every rank sends the whole output).
+* broadcast, barrier, send/recv, gather/scatter, all_to_all, object collectives: the fallback.
+
+Which path a call takes depends only on what every rank passes alike (op, dtype, layout), so
+every rank takes the same one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
+
+from ..torch_futures import failed_future, torch_future
+from .options import Options
+from .rendezvous import Formed, finish, form
+
+_CARRIED = {torch.float32, torch.float16, torch.bfloat16, torch.int32}
+_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
+
+
+class SwitchAggProcessGroup(dist.ProcessGroup):
+    """A process group whose sums the switch does; built by ``init_process_group("switchagg")``."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta, options: Options) -> None:
+        super().__init__(rank, size)
+        self.options = options
+        self._store = store
+        gloo = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+        if dist.is_nccl_available() and torch.cuda.is_available():
+            nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size)
+            self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self.formed: Formed | None = form(store, rank, size, options, timeout)
+
+    @property
+    def client(self) -> Any:
+        """This rank's :class:`~switchagg.client.Client` (its counters, its session)."""
+        if self.formed is None:
+            raise RuntimeError("this switchagg process group was shut down: create a new one")
+        return self.formed.client
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name for it
+        return "switchagg"
+
+    # ---- through the switch ----------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        opts = _allreduce_options(opts)
+        op = _switch_op(opts.reduceOp, tensors)
+        if op is None:
+            return self._fallback(tensors[0]).allreduce(tensors, opts)
+        t = tensors[0]
+        return self._work(t, lambda: self.client.allreduce_async(t, op=op, out=t), lambda _: [t])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _switch_op(opts.reduceOp, [output, input])
+        if op is None or input.numel() != output.numel() * self.size():
+            return self._fallback(input)._reduce_scatter_base(output, input, opts)
+        return self._work(output, lambda: self.client.reduce_scatter_async(input, op=op, out=output),
+                          lambda _: [output])
+
+    _reduce_scatter_base = reduce_scatter_single  # the name torch's C++ side calls it by
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        opts = opts or dist.AllgatherOptions()
+        if (self.options.all_gather != "switch" or output.dtype != input.dtype or not _dense(output, input)
+                or output.numel() != input.numel() * self.size()):
+            return self._fallback(input)._allgather_base(output, input, opts)
+        return self._gather_through_switch(output, input)
+
+    _allgather_base = all_gather_single
+
+    def shutdown(self) -> None:
+        """Close the client and remove the job from the switch (``destroy_process_group`` calls this)."""
+        if self.formed is not None:
+            formed, self.formed = self.formed, None
+            finish(self._store, self.rank(), self.size(), formed)
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _fallback(self, tensor: torch.Tensor) -> Any:
+        return self._get_backend(tensor.device)
+
+    def _work(self, tensor: torch.Tensor, start: Any, value: Any) -> dist.Work:
+        """torch's Work over the call's Future: ``wait()`` raises its error, DDP chains on ``get_future()``."""
+        try:
+            done = start()
+        except BaseException as exc:  # noqa: BLE001 - e.g. a closed client: wait() raises it
+            return _create_work_from_future(failed_future(exc, tensor.device))
+        return _create_work_from_future(torch_future(done, tensor.device, value))
+
+    def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
+        """All-gather as an int32 sum: each rank's bytes in its own words, zeros in everyone else's."""
+        n, rank, nbytes = self.size(), self.rank(), input.numel() * input.element_size()
+        words = -(-nbytes // 4)
+        buf = torch.zeros(n * words, dtype=torch.int32)
+        buf.view(torch.uint8)[rank * words * 4:rank * words * 4 + nbytes] = input.reshape(-1).view(torch.uint8).cpu()
+
+        def place(_: Any) -> list[torch.Tensor]:
+            rows = buf.view(torch.uint8).view(n, words * 4)[:, :nbytes]
+            output.reshape(-1).view(torch.uint8).copy_(rows.reshape(-1))
+            return [output]
+
+        return self._work(output, lambda: self.client.allreduce_async(buf, op="sum", out=buf), place)
+
+
+def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
+    if isinstance(opts, dist.AllreduceOptions):
+        return opts
+    out = dist.AllreduceOptions()
+    if opts is not None:
+        out.reduceOp = opts
+    return out
+
+
+def _switch_op(reduce_op: Any, tensors: list[torch.Tensor]) -> str | None:
+    """The switch's op for this call ("sum", "mean"), or None where the fallback must do it."""
+    op = _OPS.get(getattr(reduce_op, "op", reduce_op))  # a ReduceOp object (from C++) or its RedOpType
+    if op is None or len(tensors) not in (1, 2) or not _dense(*tensors):
+        return None
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or not dtypes <= _CARRIED or (op == "mean" and torch.int32 in dtypes):
+        return None
+    return op
+
+
+def _dense(*tensors: torch.Tensor) -> bool:
+    return all(t.is_contiguous() and t.layout == torch.strided and t.device == tensors[0].device
+               for t in tensors)

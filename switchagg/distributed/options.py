@@ -1,0 +1,112 @@
+"""Where the switch is and how a process group uses it: from ``SWITCHAGG_*`` variables or ``pg_options``.
+
+Under ``torchrun`` every rank sees the same environment, so the switch's address goes there once;
+the rest of a job (the workers' addresses, the job id, the slots, the key) the ranks work out
+together through torch's store (:mod:`switchagg.distributed.rendezvous`). A program that prefers to
+say it in code passes ``pg_options=switchagg.distributed.Options(...)`` to ``init_process_group``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..config import LOSS_RECOVERY, Endpoint, JobConfig
+from ..errors import ConfigError
+from ..wire import MAX_VALUES_PER_PACKET, P4_VALUES_PER_PACKET, default_slot_count
+
+ALL_GATHER = ("delegate", "switch")  # where all_gather_into_tensor runs: the fallback group, or the switch
+
+# Each option's environment variable; parsed by the type of the field's default.
+ENV = {
+    "switch": "SWITCHAGG_SWITCH",
+    "control": "SWITCHAGG_CONTROL",
+    "target": "SWITCHAGG_TARGET",
+    "config": "SWITCHAGG_CONFIG",
+    "values_per_packet": "SWITCHAGG_VALUES_PER_PACKET",
+    "slot_count": "SWITCHAGG_SLOTS",
+    "job_id": "SWITCHAGG_JOB",
+    "slot_base": "SWITCHAGG_SLOT_BASE",
+    "loss_recovery": "SWITCHAGG_LOSS_RECOVERY",
+    "device_id": "SWITCHAGG_DEVICE_ID",
+    "mac": "SWITCHAGG_MAC",
+    "switch_port": "SWITCHAGG_SWITCH_PORT",
+    "start_timeout": "SWITCHAGG_START_TIMEOUT",
+    "stall_timeout": "SWITCHAGG_STALL_TIMEOUT",
+    "all_gather": "SWITCHAGG_ALL_GATHER",
+}
+_INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port"}
+_FLOATS = {"start_timeout", "stall_timeout"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a ``switchagg`` process group reaches its switch.
+
+    ``switch`` is the switch's UDP address, ``control`` its control plane (the embedded switch's
+    control port; BMv2's P4Runtime or Tofino's BfRt address, each with its default), ``target`` which
+    kind of switch it is. ``config`` names a job file instead, for those who keep one: its switch,
+    job and workers are used as they are (rank i is worker i). The job's id and slots are picked
+    from what the switch has free unless given (the P4 targets, which cannot list their jobs, need
+    them). ``mac`` and ``switch_port`` are this rank's, for the P4 targets' tables. ``all_gather``:
+    ``"delegate"`` (the fallback group, the faster here: see the README) or ``"switch"``.
+    """
+
+    switch: str | None = None
+    control: str | None = None
+    target: str = "soft"
+    config: str | None = None
+    values_per_packet: int = P4_VALUES_PER_PACKET
+    slot_count: int | None = None
+    job_id: int | None = None
+    slot_base: int | None = None
+    loss_recovery: str = "auto"
+    device_id: int | None = None
+    mac: str | None = None
+    switch_port: int | None = None
+    start_timeout: float = 60.0
+    stall_timeout: float = 5.0
+    all_gather: str = "delegate"
+
+    def __post_init__(self) -> None:
+        if self.switch is None and self.config is None:
+            raise ConfigError("the switchagg backend needs to know where the switch is: set SWITCHAGG_SWITCH "
+                              "(its UDP address, e.g. 127.0.0.1:16711) and, for the embedded switch, "
+                              "SWITCHAGG_CONTROL (its control port), or SWITCHAGG_CONFIG (a job file)")
+        if self.switch is not None:
+            Endpoint.parse(self.switch, ENV["switch"])
+        if not 1 <= self.values_per_packet <= MAX_VALUES_PER_PACKET:
+            raise ConfigError(f"{ENV['values_per_packet']} = {self.values_per_packet}: use 1..{MAX_VALUES_PER_PACKET}"
+                              f" ({P4_VALUES_PER_PACKET} is what a P4 switch sums)")
+        if self.loss_recovery not in LOSS_RECOVERY:
+            raise ConfigError(f"{ENV['loss_recovery']} = {self.loss_recovery!r}: use one of {', '.join(LOSS_RECOVERY)}")
+        if self.all_gather not in ALL_GATHER:
+            raise ConfigError(f"{ENV['all_gather']} = {self.all_gather!r}: use one of {', '.join(ALL_GATHER)}")
+        if self.start_timeout <= 0 or self.stall_timeout <= 0:
+            raise ConfigError(f"{ENV['start_timeout']} and {ENV['stall_timeout']} are seconds, more than 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Options:
+        """The options the ``SWITCHAGG_*`` variables give (:data:`ENV`); unset ones keep their defaults."""
+        given: dict[str, Any] = {}
+        for f in fields(cls):
+            text = environ.get(ENV[f.name])
+            if text is None or text == "":
+                continue
+            try:
+                given[f.name] = int(text, 0) if f.name in _INTS else float(text) if f.name in _FLOATS else text
+            except ValueError:
+                kind = "an integer" if f.name in _INTS else "a number of seconds"
+                raise ConfigError(f"{ENV[f.name]} = {text!r}: give {kind}") from None
+        return cls(**given)
+
+    def job_file(self) -> JobConfig | None:
+        """The job file's config, where ``config`` names one."""
+        return JobConfig.from_file(self.config) if self.config else None
+
+    @property
+    def slots(self) -> int:
+        """The job's slot count: as given, else the default for its K."""
+        return self.slot_count or default_slot_count(self.values_per_packet)

@@ -1,0 +1,134 @@
+"""What each rank of the backend tests runs, in its own spawned process (torch.distributed needs one).
+
+Every function is ``fn(rank, queue, world, env, port, ...)``: it sets the ``SWITCHAGG_*`` variables
+``env``, forms the group on a TCP store at ``port``, and puts its findings on ``queue`` for the test.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _init(rank: int, world: int, env: dict[str, str], port: int, backend: str = "switchagg") -> None:
+    os.environ.update(env)
+    import switchagg.distributed  # noqa: F401 - registers the backend
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _values(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rank ``rank``'s input: random, different on every rank, reproducible by the test."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype == torch.int32:
+        return torch.randint(-(1 << 20), 1 << 20, (n,), generator=g, dtype=torch.int32)
+    return (torch.randn(n, generator=g) * 10).to(dtype)
+
+
+def collectives(rank: int, queue: Any, world: int, env: dict[str, str], port: int, sizes: list[int]) -> None:
+    """Each collective through the backend, with what the test compares them to."""
+    _init(rank, world, env, port)
+    pg = dist.group.WORLD
+    out: dict[str, Any] = {"job": pg.formed.config.job_id, "received": []}
+    for i, n in enumerate(sizes):
+        for dtype in (torch.int32, torch.float32):
+            x = _values(rank, n * world, dtype, i)
+            y = x.clone()
+            dist.all_reduce(y)
+            out[f"all_reduce {dtype} {n}"] = y.numpy()
+            shard = torch.empty(n, dtype=dtype)
+            before = pg.client.transport_stats.bytes_received
+            dist.reduce_scatter_single(shard, x)
+            out["received"].append((n, dtype, pg.client.transport_stats.bytes_received - before))
+            out[f"reduce_scatter {dtype} {n}"] = shard.numpy()
+            gathered = torch.empty(n * world, dtype=dtype)
+            dist.all_gather_single(gathered, x[:n])
+            out[f"all_gather {dtype} {n}"] = gathered.numpy()
+    mean = _values(rank, 1000, torch.float32, 99)
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    out["avg"] = mean.numpy()
+    # Delegated: another op, another dtype, and calls the switch has no part in.
+    m = torch.tensor([rank * 1.0, -rank * 1.0])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    f64 = torch.full((3,), 0.1 * (rank + 1), dtype=torch.float64)
+    dist.all_reduce(f64)
+    b = torch.tensor([rank])
+    dist.broadcast(b, src=world - 1)
+    objs: list[Any] = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    dist.barrier()
+    work = dist.all_reduce(torch.ones(5, dtype=torch.int32), async_op=True)
+    work.wait()
+    out.update(max=m.tolist(), f64=f64.tolist(), broadcast=b.tolist(), objects=objs,
+               future=work.get_future().value()[0].tolist())
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))
+
+
+def _model(kind: str, world: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4))
+    if kind == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def train(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str, kind: str,
+          steps: int) -> None:
+    """``steps`` of SGD on a fixed regression task, each rank its own batches; puts the losses."""
+    _init(rank, world, env, port, backend)
+    model = _model(kind, world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + rank)
+    teacher = torch.Generator().manual_seed(7)
+    w = torch.randn(20, 4, generator=teacher)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 20, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), x @ w)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    sent = received = 0
+    if backend == "switchagg":
+        stats = dist.group.WORLD.client.transport_stats
+        sent, received = stats.bytes_sent, stats.bytes_received
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"losses": losses, "sent": sent, "received": received}))
+
+
+def init_only(rank: int, queue: Any, world: int, env: dict[str, str], port: int) -> None:
+    """Form the group, and say how that went: the error's type and message, or the job id."""
+    try:
+        _init(rank, world, env, port)
+    except Exception as exc:  # noqa: BLE001 - what the test looks at
+        queue.put((rank, "result", {"error": f"{type(exc).__name__}: {exc}"}))
+        return
+    job = dist.group.WORLD.formed.config.job_id
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"job": job}))
+
+
+def two_groups(rank: int, queue: Any, world: int, env: dict[str, str], port: int) -> None:
+    """The world group and a second switchagg group over the same ranks, each summing its own values."""
+    _init(rank, world, env, port)
+    other = dist.new_group(list(range(world)), backend="switchagg")
+    jobs = (dist.group.WORLD.formed.config.job_id, other.formed.config.job_id)
+    a = torch.full((5000,), rank + 1, dtype=torch.int32)
+    b = torch.full((5000,), 100 * (rank + 1), dtype=torch.int32)
+    wa = dist.all_reduce(a, async_op=True)
+    wb = dist.all_reduce(b, group=other, async_op=True)
+    wa.wait()
+    wb.wait()
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"jobs": jobs, "a": sorted(set(a.tolist())), "b": sorted(set(b.tolist()))}))

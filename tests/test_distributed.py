@@ -1,0 +1,140 @@
+"""The torch.distributed backend ``"switchagg"``: ranks in spawned processes, an embedded switch here.
+
+Every test forms its process groups from the ``SWITCHAGG_*`` variables and a TCP store, as torchrun
+would: no job file anywhere.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from switchagg import SoftSwitch
+from switchagg.distributed import ENV, Options
+from switchagg.errors import ConfigError
+from switchagg.loopback import free_ports, run_processes
+from switchagg.switch.server import NUM_SLOTS
+from tests import dist_worker
+
+WORLD = 2
+
+
+@pytest.fixture
+def switch() -> Iterator[tuple[SoftSwitch, dict[str, str]]]:
+    """An embedded switch that takes jobs through its control port, and the variables that point at it."""
+    (control,) = free_ports(1, socket.SOCK_STREAM)
+    sw = SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", control)).start()
+    yield sw, {ENV["switch"]: f"127.0.0.1:{sw.address[1]}", ENV["control"]: f"127.0.0.1:{control}"}
+    sw.stop()
+    assert sw.error is None
+
+
+def spawn(fn, *args, world: int = WORLD, timeout: float = 180.0) -> list:
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    return run_processes(fn, world, (world, *args[:1], port, *args[1:]), timeout=timeout)
+
+
+def inputs(dtype: torch.dtype, n: int, seed: int, world: int = WORLD) -> list[torch.Tensor]:
+    return [dist_worker._values(r, n, dtype, seed) for r in range(world)]
+
+
+def test_collectives_through_the_switch_and_the_fallback(switch):
+    sw, env = switch
+    sizes = [1, 63, 1000, 4097]  # less than a chunk, ragged chunks, more than one packet's worth per rank
+    out = spawn(dist_worker.collectives, env, sizes)
+    for i, n in enumerate(sizes):
+        for dtype in (torch.int32, torch.float32):
+            xs = [x.numpy() for x in inputs(dtype, n * WORLD, i)]
+            total = sum(x.astype(np.float64) for x in xs)
+            for rank, got in enumerate(out):
+                reduced, shard = got[f"all_reduce {dtype} {n}"], got[f"reduce_scatter {dtype} {n}"]
+                gathered = got[f"all_gather {dtype} {n}"]
+                assert np.array_equal(gathered, np.concatenate([x[:n] for x in xs]))
+                if dtype == torch.int32:
+                    assert np.array_equal(reduced, sum(xs))
+                    assert np.array_equal(shard, sum(xs)[rank * n:(rank + 1) * n])
+                else:  # the codec's bound (docs/protocol.md, section 2), with float32's rounding of the sum
+                    bound = WORLD * float(max(np.abs(x).max() for x in xs)) * 2.0 ** -22
+                    assert np.abs(reduced - total).max() <= bound
+                    assert np.abs(shard - total[rank * n:(rank + 1) * n]).max() <= bound
+    means = inputs(torch.float32, 1000, 99)
+    assert np.allclose(out[0]["avg"], sum(m.numpy() for m in means) / WORLD, rtol=0, atol=1e-5)
+    for got in out:
+        assert got["job"] == out[0]["job"]
+        assert got["max"] == [WORLD - 1.0, 0.0]
+        assert got["f64"] == [sum(0.1 * (r + 1) for r in range(WORLD))] * 3  # float64's own sum: the fallback's
+        assert got["broadcast"] == [WORLD - 1]
+        assert got["objects"] == [{"rank": r} for r in range(WORLD)]
+        assert got["future"] == [WORLD] * 5
+    assert sw.jobs() == {}, "destroy_process_group removes the job"
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_training_through_the_backend_matches_gloo(switch, kind):
+    """DDP with no comm hook, and FSDP2 whose reduce-scatter goes through the switch: gloo's losses,
+    within the codec's error; an FSDP rank receives about 1/N of what it sends (its shard's sums)."""
+    _, env = switch
+    steps = 30
+    gloo = spawn(dist_worker.train, env, "gloo", kind, steps)
+    ours = spawn(dist_worker.train, env, "switchagg", kind, steps)
+    gradient_bytes = 4 * (20 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4)
+    for rank in range(WORLD):
+        assert np.allclose(ours[rank]["losses"], gloo[rank]["losses"], rtol=1e-4, atol=0)
+        assert ours[rank]["losses"][-1] < ours[rank]["losses"][0] / 2
+        sent, received = ours[rank]["sent"], ours[rank]["received"]
+        assert sent > steps * gradient_bytes, "the gradients went through the switch"
+        if kind == "ddp":
+            assert received > 0.9 * sent
+        else:
+            assert received < 0.8 * sent, (sent, received)
+
+
+def test_options_need_the_switch_and_check_what_they_are_given():
+    with pytest.raises(ConfigError, match="SWITCHAGG_SWITCH"):
+        Options.from_env({})
+    with pytest.raises(ConfigError, match="SWITCHAGG_VALUES_PER_PACKET = 'many'"):
+        Options.from_env({ENV["switch"]: "127.0.0.1:1", ENV["values_per_packet"]: "many"})
+    with pytest.raises(ConfigError, match="SWITCHAGG_ALL_GATHER"):
+        Options.from_env({ENV["switch"]: "127.0.0.1:1", ENV["all_gather"]: "sometimes"})
+    opts = Options.from_env({ENV["switch"]: "127.0.0.1:1", ENV["values_per_packet"]: "256", ENV["slot_count"]: "8"})
+    assert (opts.values_per_packet, opts.slots, opts.target) == (256, 8, "soft")
+
+
+def test_two_groups_on_one_switch_are_two_jobs(switch):
+    sw, env = switch
+    out = spawn(dist_worker.two_groups, env)
+    triangle = WORLD * (WORLD + 1) // 2
+    for got in out:
+        assert got["jobs"] == out[0]["jobs"] and got["jobs"][0] != got["jobs"][1]
+        assert (got["a"], got["b"]) == ([triangle], [100 * triangle])
+    assert sw.jobs() == {}
+
+
+def test_no_switch_is_an_error_on_every_rank_at_init():
+    (control, udp) = free_ports(2)
+    env = {ENV["switch"]: f"127.0.0.1:{udp}", ENV["control"]: f"127.0.0.1:{control}"}
+    out = spawn(dist_worker.init_only, env)
+    for got in out:
+        assert got["error"].startswith("SwitchAggError: switchagg cannot start this process group")
+        assert f"127.0.0.1:{control}" in got["error"], got["error"]
+
+
+def test_a_refused_job_is_an_error_on_every_rank_at_init(switch):
+    sw, env = switch
+    out = spawn(dist_worker.init_only, {**env, ENV["slot_count"]: str(NUM_SLOTS + 1)})
+    for got in out:
+        assert "could not deploy" in got["error"] and "slots" in got["error"], got["error"]
+    assert sw.jobs() == {}
+
+
+def test_a_switch_that_does_not_answer_is_an_error_on_every_rank_and_leaves_no_job(switch):
+    sw, env = switch
+    (elsewhere,) = free_ports(1)
+    out = spawn(dist_worker.init_only, {**env, ENV["switch"]: f"127.0.0.1:{elsewhere}", ENV["start_timeout"]: "1"})
+    for got in out:
+        assert got["error"].startswith("SwitchAggError: switchagg cannot start this process group"), got["error"]
+    assert sw.jobs() == {}
