@@ -1,4 +1,4 @@
-/* Stream: the worker's side of one allreduce call over numpy float32 or int32 data, in C.
+/* Stream: the worker's side of one allreduce or reduce-scatter call over numpy float32 or int32 data, in C.
  *
  * It is switchagg.protocol.Reduction, step for step (the same schedule, the same window and timer
  * arithmetic, the same packets in the same order), with the per-packet work in one C loop instead
@@ -69,6 +69,10 @@ typedef struct {
     int ask_first;  /* StreamParams.ask_first */
     uint32_t all;  /* a PENDING's bitmap of a finished sum: every worker's bit */
     Py_ssize_t slots, k, n_chunks, rounds, total, numel;
+    /* A reduce-scatter (calls.Layout): each rank's shard of `shard` values is `per_shard` chunks, data
+     * chunk d belongs to rank d / per_shard, and `out` holds this rank's shard alone. */
+    int scatter;
+    Py_ssize_t shard, per_shard;
     /* The call round (switchagg.calls): this rank's values, the sum they must come back as, and the
      * sum that came back instead, which ends the call before any data goes (mismatch set). */
     unsigned char *call_row, *expect, *mismatch_row;
@@ -100,6 +104,7 @@ typedef struct {
     double last_progress, progress_timeout;
     int started;
     long retransmissions, queries;
+    long protocol_errors;  /* results of this call's packets whose owner or count was not the packet's */
     int ready;  /* __init__ succeeded */
 } Stream;
 
@@ -294,6 +299,34 @@ static int shift_for(const Stream *s, int exponent) {  /* codec.scale_shift */
     return 31 - (exponent == EXP_NONE ? MIN_EXPONENT : exponent) - s->log2n;
 }
 
+/* The rank that receives entry t's sum whole (Reduction._owner): a reduce-scatter's data chunk's
+ * owner; -1 where every rank does (the call round, an allreduce). */
+static int owner_of(const Stream *s, Py_ssize_t t) {
+    return !s->scatter || t < s->rounds ? -1 : (int)((t - s->rounds) / s->per_shard);
+}
+
+/* Data chunk d's values in x (calls.Layout.source): *n of them from the returned index. */
+static Py_ssize_t source_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
+    Py_ssize_t start = d * s->k, end = s->numel;
+    if (s->scatter) {
+        Py_ssize_t owner = d / s->per_shard;
+        start = owner * s->shard + (d - owner * s->per_shard) * s->k;
+        end = (owner + 1) * s->shard;
+    }
+    *n = end - start < s->k ? end - start : s->k;
+    return start;
+}
+
+/* Where its sums go in out (calls.Layout.target): an allreduce's where they came from, a reduce-scatter's
+ * at the chunk's place in the shard. */
+static Py_ssize_t target_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
+    if (!s->scatter)
+        return source_of(s, d, n);
+    Py_ssize_t start = d % s->per_shard * s->k;
+    *n = s->shard - start < s->k ? s->shard - start : s->k;
+    return start;
+}
+
 /* ---- sending (Reduction._send, _fill, and the client's packing of the outbox) ----------------- */
 
 /* An array of *cap items of `size` bytes with twice the room (64 at first); NULL, nothing changed,
@@ -413,11 +446,13 @@ static int fill(Stream *s, double now) {
     return 0;
 }
 
-/* Entry t's header: a CONTRIB proposing `proposal` with K values, or a QUERY (no values). */
+/* Entry t's header: a CONTRIB proposing `proposal` with K values (a reduce-scatter's data chunk
+ * marked with its owner), or a QUERY (no values, no owner). */
 static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int type, int proposal) {
+    int owner = type == TYPE_CONTRIB ? owner_of(s, t) : -1;
     row[OFF_VERSION] = VERSION;
     row[OFF_TYPE] = (unsigned char)type;
-    row[OFF_FLAGS] = s->copy_of[t];
+    row[OFF_FLAGS] = (unsigned char)(s->copy_of[t] | (owner >= 0 ? FLAG_OWNER : 0));
     row[OFF_WORKER] = s->worker;
     put16(row + OFF_JOB, s->job);
     put16(row + OFF_SLOT, s->slot_of[t]);
@@ -425,7 +460,7 @@ static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int 
     put32(row + OFF_GENERATION, s->generation);
     put32(row + OFF_KEY, s->key);
     row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
-    row[OFF_OWNER] = 0;
+    row[OFF_OWNER] = (unsigned char)(owner >= 0 ? owner : 0);
     put16(row + OFF_COUNT, type == TYPE_QUERY ? 0 : (uint16_t)s->k);
 }
 
@@ -441,8 +476,7 @@ static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
         memcpy(values, s->call_row, 4 * (size_t)s->k);
         return;
     }
-    Py_ssize_t d = t - s->rounds, start = d * s->k;
-    Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
+    Py_ssize_t n, start = source_of(s, t - s->rounds, &n);
     if (s->floats) {
         int e = exponent_used(s, t);
         if (e == EXP_NONFINITE)  /* some rank's chunk held NaN or infinity: class codes, not values */
@@ -548,6 +582,16 @@ static void cap_tail(Stream *s) {
     }
 }
 
+/* Whether a RESULT of entry t carries what it must besides its ids (Reduction._shape): no owner and
+ * K values where every rank receives the sum; a reduce-scatter's chunk's owner, and K values where this
+ * rank owns it, none (a header) where another rank does. */
+static int result_fits(const Stream *s, const unsigned char *p, Py_ssize_t t) {
+    int owner = owner_of(s, t);
+    Py_ssize_t count = owner < 0 || owner == s->worker ? s->k : 0;
+    return (p[OFF_FLAGS] & FLAG_OWNER) == (owner >= 0 ? FLAG_OWNER : 0) && p[OFF_OWNER] == (owner >= 0 ? owner : 0)
+           && get16(p + OFF_COUNT) == count;
+}
+
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
     if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
@@ -556,10 +600,14 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         return 0;
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation || get32(p + OFF_KEY) != s->key
-            || get16(p + OFF_COUNT) != s->k || t >= s->total || !s->in_flight[t])
+            || t >= s->total || !s->in_flight[t])
         return 0;  /* a duplicate, a stale result, or not ours */
     if (get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
         return 0;
+    if (!result_fits(s, p, t)) {  /* a switch's error: counted, never decoded; the packet stays out */
+        s->protocol_errors++;
+        return 0;
+    }
     s->in_flight[t] = 0;
     s->n_in_flight--;
     unlist(s, t);
@@ -571,9 +619,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
             s->mismatch = 1;
             memcpy(s->mismatch_row, p + HEADER_SIZE, 4 * (size_t)s->k);
         }
-    } else {
-        Py_ssize_t start = (t - s->rounds) * s->k;
-        Py_ssize_t n = s->numel - start < s->k ? s->numel - start : s->k;
+    } else if (get16(p + OFF_COUNT)) {  /* a sum this rank receives (a reduce-scatter's others: a header) */
+        Py_ssize_t n, start = target_of(s, t - s->rounds, &n);
         if (s->floats) {
             int e = exponent_used(s, t);
             if (e == EXP_NONFINITE)
@@ -783,25 +830,32 @@ static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
 
 /* ---- construction ------------------------------------------------------------------------------ */
 
+/* A reduce-scatter's buffers and chunks fit its layout: x holds every rank's shard, out this rank's
+ * alone, and every shard has per_shard chunks. */
+static int layout_fits_scatter(const Stream *s) {
+    return s->out.itemsize == 4 && s->out.len == 4 * s->shard && s->numel == (Py_ssize_t)s->n_workers * s->shard
+           && s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers;
+}
+
 static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
-                             "progress_timeout", "started", "ask_first", "call_row", "expect", NULL};
+                             "progress_timeout", "started", "ask_first", "call_row", "expect", "shard", NULL};
     PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None;
     Py_buffer call_row = {0}, expect = {0};
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
-    Py_ssize_t k, n_chunks, rounds;
+    Py_ssize_t k, n_chunks, rounds, shard = -1;
     double now, progress_timeout;
     int started, ask_first = 0;
     if (s->window != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOO", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOn", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
                                      &rounds, &first_id, &now, &progress_timeout, &started, &ask_first,
-                                     &call_obj, &expect_obj))
+                                     &call_obj, &expect_obj, &shard))
         return -1;
     /* No call round (None, None): int32 data alone, as the join's sums run. */
     int has_call = call_obj != Py_None;
@@ -831,6 +885,10 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->ask_first = ask_first;
     s->all = n_workers >= 32 ? 0xffffffffu : (1u << n_workers) - 1;
     s->k = k;
+    /* shard < 0: an allreduce; else a reduce-scatter of n_workers shards of `shard` values */
+    s->scatter = shard >= 0;
+    s->shard = shard;
+    s->per_shard = k > 0 && shard > 0 ? (shard + k - 1) / k : 0;
     s->n_chunks = n_chunks;
     s->rounds = rounds;
     s->total = rounds + n_chunks;
@@ -843,12 +901,14 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     if (PyObject_GetBuffer(out, &s->out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         goto done;
     s->numel = s->x.len / 4;
-    if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4 || s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k
+    if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4
+            || (s->scatter ? !layout_fits_scatter(s) : s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k)
             || rounds != (!has_call ? 0 : n_chunks < 1 ? 1 : s->slots < n_chunks ? s->slots : n_chunks)
             || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
-                        "of values_per_packet, rounds = max(1, min(slots, n_chunks)) with a call round (call_row "
-                        "and expect K values each), else 0, and floats need one");
+                        "of values_per_packet (a reduce-scatter's: x n_workers shards of `shard` values, out one, "
+                        "n_chunks n_workers x ceil(shard / K), by a call round), rounds = max(1, min(slots, n_chunks)) "
+                        "with a call round (call_row and expect K values each), else 0, and floats need one");
         goto done;
     }
     if (win_load(s) < 0)
@@ -957,6 +1017,11 @@ static PyObject *get_total(Stream *s, void *c) { return PyLong_FromSsize_t(s->to
 static PyObject *get_rounds(Stream *s, void *c) { return PyLong_FromSsize_t(s->rounds); }
 static PyObject *get_retransmissions(Stream *s, void *c) { return PyLong_FromLong(s->retransmissions); }
 static PyObject *get_queries(Stream *s, void *c) { return PyLong_FromLong(s->queries); }
+static PyObject *get_protocol_errors(Stream *s, void *c) { return PyLong_FromLong(s->protocol_errors); }
+/* Reduction.marked: some result carried EXP_NONFINITE, the exponent its slot's next chunk used */
+static PyObject *get_marked(Stream *s, void *c) {
+    return PyBool_FromLong(s->ready && memchr(s->agreed, (unsigned char)(int8_t)EXP_NONFINITE, (size_t)s->total) != NULL);
+}
 static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
 static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
 
@@ -969,6 +1034,10 @@ static PyGetSetDef Stream_getset[] = {
     {"rounds", (getter)get_rounds, NULL, "packets of the call round", NULL},
     {"retransmissions", (getter)get_retransmissions, NULL, "contributions sent again", NULL},
     {"queries", (getter)get_queries, NULL, "QUERY packets sent", NULL},
+    {"protocol_errors", (getter)get_protocol_errors, NULL,
+     "results of this call's packets whose owner or count was not the packet's (ignored)", NULL},
+    {"marked", (getter)get_marked, NULL, "some data chunk of the call went marked (NaN or infinity on some rank)",
+     NULL},
     {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},
     {"due", (getter)get_outbox_len, NULL, "packets waiting for emit()", NULL},
     {NULL},
@@ -989,7 +1058,8 @@ static PyTypeObject StreamType = {
     .tp_name = "switchagg._native.Stream",
     .tp_basicsize = sizeof(Stream),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = PyDoc_STR("One allreduce call of numpy data, as protocol.Reduction does it (see _stream.c)."),
+    .tp_doc = PyDoc_STR("One allreduce or reduce-scatter call of numpy data, as protocol.Reduction does it "
+                        "(see _stream.c)."),
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Stream_init,
     .tp_dealloc = (destructor)Stream_dealloc,

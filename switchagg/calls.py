@@ -6,7 +6,8 @@ the switch sums like any others, hold each worker's **descriptor** of the call i
 its own, ``[2 * rank, 2 * rank + 1]``, and zeros elsewhere. The sum is then every worker's
 descriptor side by side, so each worker can check, before it sends a single data chunk, that all
 ranks are making the same call: the same length, kind (float or int32), op and place in the
-sequence of calls. Mismatched calls therefore never add their data up, and every rank learns of
+sequence of calls, and the same collective (an allreduce, or a reduce-scatter: :class:`Layout`).
+Mismatched calls therefore never add their data up, and every rank learns of
 the mismatch from the same sums, so every rank raises for the same call. A rank whose input
 could not be reduced at all sends a descriptor marked *failed* instead, so that its peers fail
 that call with it instead of pairing their next call with its next one.
@@ -28,7 +29,9 @@ from .wire import VALUE_DTYPE
 WORDS = 2  # words of a call round's values that each rank owns
 KINDS = {"float": 1, "int32": 2}
 OPS = {"sum": 1, "mean": 2}
+COLLECTIVES = {"allreduce": 0, "reduce_scatter": 1}
 _PRESENT = 1 << 31  # set in every descriptor's second word: a rank that wrote one
+_SCATTER = 1 << 30  # the collective: set for a reduce-scatter
 _FAILED = 1 << 25
 _LENGTH_HIGH = 0x1FF  # bits 32..40 of the length, in bits 16..24 of the second word
 MAX_LENGTH = 1 << 41  # values one call can carry
@@ -36,14 +39,67 @@ SEQ_MOD = 1 << 16  # the call's place in the session, modulo this
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Which of a call's values each data chunk carries, and which rank receives its sum.
+
+    An allreduce (one shard, no owner) cuts its vector into chunks of K values, the last one short,
+    and every rank receives every sum. A reduce-scatter among n ranks (``scatter``, n shards) cuts
+    each rank's shard of ``shard`` values apart: ``per_shard`` = ceil(shard / K) chunks each, each
+    shard's last one short, so that no chunk straddles two owners; chunk ``c`` belongs to rank
+    ``c // per_shard``, who alone receives its sum (the others receive its RESULT's header only).
+    """
+
+    k: int
+    shard: int  # values per shard: an allreduce's whole vector
+    shards: int = 1  # an allreduce's 1; a reduce-scatter's n ranks
+    scatter: bool = False  # a reduce-scatter: each chunk's sum goes whole only to its owner
+
+    @classmethod
+    def of(cls, length: int, k: int, n_workers: int, collective: str) -> Layout:
+        """The layout of a call of ``length`` values (for a reduce-scatter, a multiple of ``n_workers``)."""
+        if collective == "allreduce":
+            return cls(k, length)
+        if length % n_workers:
+            raise ValueError(f"reduce_scatter needs a length that {n_workers} ranks divide evenly (each gets "
+                             f"length / {n_workers} values), not {length}: pad the tensor to a multiple of "
+                             f"{n_workers}")
+        return cls(k, length // n_workers, n_workers, scatter=True)
+
+    @property
+    def per_shard(self) -> int:
+        """Data chunks per shard."""
+        return -(-self.shard // self.k)
+
+    @property
+    def n_chunks(self) -> int:
+        return self.shards * self.per_shard
+
+    def owner(self, chunk: int) -> int:
+        """The rank whose shard data chunk ``chunk`` is part of."""
+        return chunk // self.per_shard
+
+    def source(self, chunk: int) -> tuple[int, int]:
+        """Where data chunk ``chunk``'s values lie in the call's input: [start, stop)."""
+        owner, j = divmod(chunk, self.per_shard)
+        start = owner * self.shard + j * self.k
+        return start, min(start + self.k, (owner + 1) * self.shard)
+
+    def target(self, chunk: int) -> tuple[int, int]:
+        """Where its sums go in the owner's output (the shard): [start, stop)."""
+        j = chunk % self.per_shard
+        return j * self.k, min((j + 1) * self.k, self.shard)
+
+
+@dataclass(frozen=True)
 class CallDescriptor:
-    """One rank's call: its place in the session, length in values, kind and op, or that it failed."""
+    """One rank's call: its place in the session, length in values, kind, op and collective, or that it failed."""
 
     seq: int
     length: int = 0
     kind: str = "int32"
     op: str = "sum"
     failed: bool = False
+    collective: str = "allreduce"
 
     def words(self) -> tuple[int, int]:
         """The two 32-bit words this descriptor takes in the call round."""
@@ -52,8 +108,8 @@ class CallDescriptor:
         if not 0 <= self.length < MAX_LENGTH:
             raise ValueError(f"a call carries at most {MAX_LENGTH - 1} values, not {self.length}")
         return (self.length & 0xFFFFFFFF,
-                _PRESENT | KINDS[self.kind] << 28 | OPS[self.op] << 26 | (self.length >> 32 & _LENGTH_HIGH) << 16
-                | self.seq % SEQ_MOD)
+                _PRESENT | COLLECTIVES[self.collective] * _SCATTER | KINDS[self.kind] << 28 | OPS[self.op] << 26
+                | (self.length >> 32 & _LENGTH_HIGH) << 16 | self.seq % SEQ_MOD)
 
     @classmethod
     def from_words(cls, low: int, high: int) -> CallDescriptor | None:
@@ -65,20 +121,24 @@ class CallDescriptor:
             return cls(seq, failed=True)
         kinds = {v: k for k, v in KINDS.items()}
         ops = {v: k for k, v in OPS.items()}
-        kind, op = kinds.get(high >> 28 & 7), ops.get(high >> 26 & 3)
+        kind, op = kinds.get(high >> 28 & 3), ops.get(high >> 26 & 3)
         if kind is None or op is None:
             return None
-        return cls(seq, (high >> 16 & _LENGTH_HIGH) << 32 | low, kind, op)
+        collective = "reduce_scatter" if high & _SCATTER else "allreduce"
+        return cls(seq, (high >> 16 & _LENGTH_HIGH) << 32 | low, kind, op, collective=collective)
 
-    def rounds(self, k: int, slots: int) -> int:
+    def rounds(self, k: int, slots: int, n_workers: int) -> int:
         """Packets of this call's call round: one per slot it uses, at least one."""
-        chunks = 0 if self.failed else -(-self.length // k)
+        chunks = 0
+        if not self.failed:  # a reduce-scatter's length is a multiple of n (its caller checks), else it failed
+            chunks = Layout.of(self.length - self.length % n_workers, k, n_workers, self.collective).n_chunks
         return max(1, min(slots, chunks))
 
     def __str__(self) -> str:
         if self.failed:
             return f"call #{self.seq}: failed before it started"
-        return f"call #{self.seq}: {self.length} {self.kind} values, op {self.op}"
+        what = "reduce_scatter of " if self.collective == "reduce_scatter" else ""
+        return f"call #{self.seq}: {what}{self.length} {self.kind} values, op {self.op}"
 
 
 def rows(desc: CallDescriptor, rank: int, n_workers: int, k: int) -> tuple[np.ndarray, bytes]:
@@ -104,7 +164,7 @@ def footprint(row: bytes, n_workers: int, k: int, slots: int) -> int:
     """How many ids and slots a call that the call round stopped has used on every rank alike: the
     largest call round any rank sent (whatever a rank sent past another's is left unfinished, and
     the next use of those slots takes their other copy under newer ids)."""
-    return max((d.rounds(k, slots) if d is not None else slots) for d in read(row, n_workers))
+    return max((d.rounds(k, slots, n_workers) if d is not None else slots) for d in read(row, n_workers))
 
 
 def mismatch_error(row: bytes, n_workers: int, rank: int) -> CallMismatch | PeerFailed:
@@ -119,4 +179,5 @@ def mismatch_error(row: bytes, n_workers: int, rank: int) -> CallMismatch | Peer
                      for r, d in enumerate(descs))
     return CallMismatch(
         f"the ranks' calls do not match, so none of them is summed ({said}). Every rank must make the same "
-        "calls in the same order, with tensors of the same length and kind (float or int32) and the same op")
+        "calls in the same order (allreduce or reduce_scatter), with tensors of the same length and kind (float or "
+        "int32) and the same op")

@@ -1,7 +1,7 @@
-"""``switchagg.Client``: a worker's allreduce through the switch.
+"""``switchagg.Client``: a worker's allreduce and reduce-scatter through the switch.
 
 The client owns one UDP socket and one background thread. Calls are queued and
-run in order on that thread (an allreduce is a collective: every worker must
+run in order on that thread (each is a collective: every worker must
 issue the same calls in the same order), each as a :class:`~switchagg.protocol.Reduction`
 driven by the socket and the clock. Before its first call the client joins its peers in a
 session of their own (:mod:`switchagg.session`), and every call begins with a call round
@@ -23,7 +23,7 @@ from . import calls
 from .calls import CallDescriptor
 from .config import JobConfig
 from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, StallError, SwitchAggError
-from .payloads import Int32Payloads, Prepared, array_payloads, check_op, flat_payloads, is_tensor
+from .payloads import Int32Payloads, Prepared, Request, array_payloads, check_op, flat_payloads, is_tensor
 from .protocol import NativeReduction, Reduction, StreamParams, Window
 from .scheduling import batch_scheduling
 from .session import Join
@@ -55,25 +55,27 @@ class _Paired(Exception):
         self.error = error
 
 
-def payloads_of(x: Any, k: int, n_workers: int, op: str, out: Any = None) -> Prepared:
+def payloads_of(x: Any, request: Request, out: Any = None) -> Prepared:
     """The one place that looks at what a caller passed: a float tensor on a GPU stays there
     (:class:`~switchagg.torch_payloads.TorchPayloads`); a CPU tensor, a numpy array or a list takes
     the numpy payloads. Raises here, in the caller, on what cannot be reduced."""
     if not is_tensor(x):
-        return array_payloads(x, k, n_workers, op, out)
+        return array_payloads(x, request, out)
     from .torch_payloads import TorchPayloads, tensor_to_flat
 
-    check_op(op)
+    check_op(request.op)
     if x.device.type != "cpu" and x.is_floating_point():
-        gpu = TorchPayloads(x, k, n_workers)
+        layout = request.layout(x.numel())
+        shape = request.result_shape(tuple(x.shape), out)
+        gpu = TorchPayloads(x, request.k, request.n_workers, layout)
 
         def finish() -> Any:
-            result = gpu.result(x, mean=op == "mean")
+            result = gpu.result(x, mean=request.op == "mean", shape=shape)
             return result if out is None else out.copy_(result)
 
-        return Prepared(gpu, -(-x.numel() // k), finish, native=False, length=x.numel(), kind="float")
+        return Prepared(gpu, layout, finish, native=False, length=x.numel(), kind="float")
     flat, restore = tensor_to_flat(x)
-    return flat_payloads(flat, restore, str(x.dtype).removeprefix("torch."), k, n_workers, op, out)
+    return flat_payloads(flat, tuple(x.shape), restore, str(x.dtype).removeprefix("torch."), request, out)
 
 
 class Client:
@@ -121,6 +123,7 @@ class Client:
         self.nonfinite = nonfinite
         self.retransmissions = 0  # contributions sent again after a loss, over all calls
         self.queries = 0  # QUERY packets that asked the switch whose contribution it misses
+        self.protocol_errors = 0  # results in a shape their packet does not have (owner, count): ignored
         self.generation: int | None = None  # the job's installed one, where the join starts
         self.session: int | None = None  # this run's, agreed with the peers: what the calls carry
         self._failed: BaseException | None = None
@@ -156,8 +159,35 @@ class Client:
         takes part in the call round, saying so, so that its peers fail the same call and the
         ranks' next calls stay paired.
         """
+        return self._collective_async(x, Request(self.config.values_per_packet, self.config.n_workers, op), out)
+
+    def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
+        """This rank's shard of the sum (or mean) of ``x`` over all workers; a new 1-D array unless ``out``.
+
+        ``x`` (any shape, taken flat) holds ``n_workers * s`` values; the result is values
+        ``[rank * s, (rank + 1) * s)`` of the elementwise sum, with allreduce's dtypes, error bound
+        and ``nonfinite`` handling. ``out`` (``s`` values, any shape) receives it in place; it may be
+        this rank's own shard of ``x``.
+        """
+        return self.reduce_scatter_async(x, op=op, out=out).result()
+
+    def reduce_scatter_async(self, x: Any, op: str = "sum", out: Any = None) -> Future:
+        """Queue a reduce-scatter (:meth:`reduce_scatter`); the Future holds the shard (or the error).
+
+        Each chunk's sum reaches its owner alone; the other ranks receive its header (the switch's
+        side of ``docs/protocol.md``, section 4b). A length that the ranks do not divide evenly fails
+        the call as an unsupported dtype does: here a ``ValueError`` saying so, on the peers
+        :class:`~switchagg.errors.PeerFailed`, and the next calls stay paired. ``s = 0`` (an empty
+        ``x``) is a call like any other, with an empty shard.
+        """
+        cfg = self.config
+        return self._collective_async(x, Request(cfg.values_per_packet, cfg.n_workers, op, "reduce_scatter",
+                                                 self.rank), out)
+
+    def _collective_async(self, x: Any, request: Request, out: Any) -> Future:
+        """Queue the call ``request`` asks of ``x``; input that cannot be reduced fails it on every rank."""
         try:
-            job: Prepared | None = payloads_of(x, self.config.values_per_packet, self.config.n_workers, op, out)
+            job: Prepared | None = payloads_of(x, request, out)
         except Exception as exc:  # noqa: BLE001 - becomes this call's outcome on every rank
             job, problem = None, exc
 
@@ -165,9 +195,11 @@ class Client:
             if job is None:
                 self._call(None, CallDescriptor(self._seq, failed=True))
                 raise _Paired(problem)
-            self._call(job, CallDescriptor(self._seq, job.length, job.kind, op))
+            marked = self._call(job, CallDescriptor(self._seq, job.length, job.kind, request.op,
+                                                    collective=request.collective))
             result = job.finish()
-            if self.nonfinite == "raise" and job.kind == "float" and not _all_finite(result):
+            # A marked chunk is known to every rank (a reduce-scatter's owner alone holds its NaN/inf)
+            if self.nonfinite == "raise" and job.kind == "float" and (marked or not _all_finite(result)):
                 raise _Paired(QuantizationError(
                     "this call's input held NaN or infinity on some rank, so its sum does too (every rank "
                     "raises for this call; Client(nonfinite='propagate') hands such sums back instead)"))
@@ -313,8 +345,9 @@ class Client:
         self._drive(red)
         return out.astype(">i4").tobytes()
 
-    def _call(self, job: Prepared | None, desc: CallDescriptor) -> None:
+    def _call(self, job: Prepared | None, desc: CallDescriptor) -> bool:
         """One call: its call round, then (where every rank's descriptor matched this one) its data.
+        Returns whether a chunk of it went marked (some rank's input held NaN or infinity).
 
         Where the call round shows other calls, every rank has the same sum, so every rank takes the
         same ids and slot copies as used (:func:`switchagg.calls.footprint`) and raises alike.
@@ -324,15 +357,15 @@ class Client:
         k, n = cfg.values_per_packet, cfg.n_workers
         if job is None:  # this rank's input could not be reduced: it says so in the call round
             empty = np.empty(0, dtype=np.int32)
-            payloads, n_chunks, native = Int32Payloads(empty, np.empty_like(empty), k), 0, True
+            payloads, layout, native = Int32Payloads(empty, np.empty_like(empty), k), calls.Layout(k, 0), True
         else:
-            payloads, n_chunks, native = job.payloads, job.n_chunks, job.native
+            payloads, layout, native = job.payloads, job.layout, job.native
         first, before = self._next_id, self._copies.copy()
         kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
-        red = kind(self._params(self.session), self.window, payloads, n_chunks=n_chunks, first_id=first,
+        red = kind(self._params(self.session), self.window, payloads, n_chunks=layout.n_chunks, first_id=first,
                    copies=self._copies, now=time.monotonic(), started=self._started,
                    progress_timeout=self.stall_timeout if self._started else self.start_timeout,
-                   call=calls.rows(desc, self.rank, n, k))
+                   call=calls.rows(desc, self.rank, n, k), layout=layout)
         self._next_id = (first + red.total) & _U32
         self._seq += 1
         self._drive(red)
@@ -343,6 +376,7 @@ class Client:
             self._next_id = (first + used) & _U32
             if not desc.failed:  # a rank that failed raises its own error
                 raise _Paired(calls.mismatch_error(red.mismatch, n, self.rank))
+        return red.marked
 
     def _drive(self, red: Reduction | NativeReduction) -> None:
         """Move ``red``'s packets until it is done, raises, or the client closes."""
@@ -366,6 +400,7 @@ class Client:
             self._started = self._started or red.started
             self.retransmissions += red.retransmissions
             self.queries += red.queries
+            self.protocol_errors += red.protocol_errors
 
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
         """Which workers the stuck slots still wait for: from the switch's control port where the

@@ -39,9 +39,12 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from . import _native
+from .calls import Layout
 from .errors import JobNotStarted, StallError
 from .wire import (
     EXP_NONE,
+    EXP_NONFINITE,
+    FLAG_OWNER,
     HEADER_SIZE,
     HEADER_STRUCT,
     VALUE_DTYPE,
@@ -325,12 +328,12 @@ class Send(NamedTuple):
 
 
 class Reduction:
-    """One allreduce call over the switch (see the module docstring for the schedule)."""
+    """One allreduce or reduce-scatter call over the switch (see the module docstring for the schedule)."""
 
     def __init__(self, params: StreamParams, window: Window, payloads: Payloads, *,
                  n_chunks: int, first_id: int, copies: np.ndarray, now: float,
                  progress_timeout: float, started: bool = False,
-                 call: tuple[np.ndarray, bytes] | None = None) -> None:
+                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None) -> None:
         """``copies[s]`` is the shadow copy of slot ``s``'s next use; this call advances it.
 
         ``progress_timeout`` is how long the call waits for a first result and then
@@ -338,12 +341,18 @@ class Reduction:
         produced a result (``started`` says whether an earlier call did), else
         :class:`StallError`. ``call`` is the call round's values and the sum they must come
         back as (:func:`switchagg.calls.rows`); None runs int32 data alone (the join's sums).
+        ``layout`` is a reduce-scatter's (:class:`~switchagg.calls.Layout`, ``n_chunks`` of its
+        chunks): each data chunk goes out marked with its owner, and only the owner's chunks come
+        back with values (:meth:`receive`); None is an allreduce.
         """
         self.params, self.window, self.payloads = params, window, payloads
         self.n_chunks, self.first_id = n_chunks, first_id
         proposals = payloads.proposals()
         if call is None and proposals is not None:
             raise ValueError("floats need the call round: it carries their exponents")
+        self._layout = layout if layout is not None and layout.scatter else None
+        if self._layout is not None and self._layout.n_chunks != n_chunks:
+            raise ValueError(f"a reduce-scatter's layout has {self._layout.n_chunks} chunks, not n_chunks = {n_chunks}")
         self._call_row, self._expect = (None, None) if call is None else call
         self.mismatch: bytes | None = None  # the call round's sum, where it showed other calls than this one
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
@@ -352,8 +361,7 @@ class Reduction:
         self.total = self.rounds + n_chunks
         self._copy0 = copy0.tolist()
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
-        self._result = (PacketType.RESULT, params.worker, params.job, params.generation, params.key,
-                        params.values_per_packet)  # what a RESULT for this call carries
+        self._result = (PacketType.RESULT, params.worker, params.job, params.generation, params.key)  # a RESULT of ours
         self._pending = (PacketType.PENDING, params.worker, params.job, params.generation, 0)  # and a PENDING
         self._all = (1 << params.n_workers) - 1  # a PENDING's bitmap of a finished sum
         self._done = bytearray(self.total)
@@ -370,6 +378,7 @@ class Reduction:
         self.started = started
         self.retransmissions = 0  # contributions sent again
         self.queries = 0  # QUERY packets sent
+        self.protocol_errors = 0  # results of this call's packets whose shape (owner, count) was not the packet's
         # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
@@ -416,8 +425,24 @@ class Reduction:
         slot, copy = self._slot_copy(t)
         header = make_header(PacketType.CONTRIB, job=p.job, worker=p.worker, slot=slot, copy=copy,
                              chunk=(self.first_id + t) & _U32, generation=p.generation, key=p.key,
-                             exponent=proposal, count=p.values_per_packet)
+                             exponent=proposal, count=p.values_per_packet, owner=self._owner(t))
         return Send(header, data_chunk, exponent_used)
+
+    def _owner(self, t: int) -> int | None:
+        """The rank that receives entry ``t``'s sum whole: a reduce-scatter's data chunk's owner; None
+        where every rank does (the call round, an allreduce)."""
+        if self._layout is None or t < self.rounds:
+            return None
+        return self._layout.owner(t - self.rounds)
+
+    def _shape(self, t: int) -> tuple[int, int, int]:
+        """What a RESULT of entry ``t`` must carry besides its ids: (owner flag, owner, count). The sum
+        whole (K values) where this rank receives it; a header alone (count 0) for a reduce-scatter's
+        chunk that another rank owns."""
+        owner = self._owner(t)
+        if owner is None:
+            return 0, 0, self.params.values_per_packet
+        return FLAG_OWNER, owner, self.params.values_per_packet if owner == self.params.worker else 0
 
     def _query(self, t: int) -> Send:
         """A QUERY about entry ``t``: which workers has its slot copy counted (a header, no values)?"""
@@ -491,6 +516,15 @@ class Reduction:
         """Every result is in, or the call round ended the call (:attr:`mismatch`)."""
         return self.n_done == self.total or self.mismatch is not None
 
+    @property
+    def marked(self) -> bool:
+        """Whether some data chunk of the call went marked (:data:`~switchagg.wire.EXP_NONFINITE`: some
+        rank's values in it held NaN or infinity), as far as the results so far tell: a result carries
+        the exponent its slot's next chunk uses (no next chunk: every rank proposed none). Every rank
+        receives every result's exponent, a reduce-scatter's header-only ones too, so once the call is
+        done every rank knows this alike, whichever rank owns the marked chunk."""
+        return EXP_NONFINITE in self._agreed
+
     def receive_batch(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, now: float) -> int:
         """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``.
 
@@ -538,11 +572,22 @@ class Reduction:
         heapq.heappush(self._timers, (entry[4], t))
 
     def receive(self, h: Header, values: Buffer, now: float) -> bool:
-        """Take a RESULT addressed to this worker (``values``: its K big-endian int32); returns whether it was new."""
+        """Take a RESULT addressed to this worker (``values``: its ``count`` big-endian int32); returns
+        whether it was new.
+
+        A reduce-scatter's chunk comes back whole (K values) to its owner alone, and as a header (count
+        0) to every other rank, which completes it there: its exponent is the slot's next one. A result
+        of one of this call's packets whose owner or count is not the packet's (values for a chunk
+        another rank owns, none for one this rank owns) is a switch's error: counted
+        (:attr:`protocol_errors`) and ignored, never decoded, so the packet stays outstanding.
+        """
         t = (h.chunk - self.first_id) & _U32
-        if ((h.type, h.worker, h.job, h.generation, h.key, h.count) != self._result
+        if ((h.type, h.worker, h.job, h.generation, h.key) != self._result
                 or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
             return False  # a duplicate, a stale result, or not ours
+        if (h.flags & FLAG_OWNER, h.owner, h.count) != self._shape(t):
+            self.protocol_errors += 1
+            return False
         sent, retries, first, order, _, resent, state = self._outstanding.pop(t)
         self._done[t] = 1
         self.n_done += 1
@@ -551,7 +596,7 @@ class Reduction:
             row = bytes(values[:4 * self.params.values_per_packet])
             if row != self._expect and self.mismatch is None:
                 self.mismatch = row
-        else:
+        elif h.count:  # a sum this rank receives (a reduce-scatter's other chunks come as a header)
             d = t - self.rounds
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
@@ -702,7 +747,8 @@ class Reduction:
 
 
 class NativeReduction(_native.Stream):
-    """:class:`Reduction` in C, for :class:`~switchagg.payloads.FloatPayloads` and ``Int32Payloads``.
+    """:class:`Reduction` in C, for :class:`~switchagg.payloads.FloatPayloads` and ``Int32Payloads``
+    (allreduce and reduce-scatter alike: ``layout``).
 
     The same constructor and the same interface, less :attr:`Reduction.outbox`: the packets due
     leave only through :meth:`emit`. ``_native.Stream`` holds the state and does the work.
@@ -710,7 +756,7 @@ class NativeReduction(_native.Stream):
 
     def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,
                  copies: np.ndarray, now: float, progress_timeout: float, started: bool = False,
-                 call: tuple[np.ndarray, bytes] | None = None) -> None:
+                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None) -> None:
         self.params, self.window = params, window
         proposals = payloads.proposals()
         if call is None and proposals is not None:
@@ -721,7 +767,8 @@ class NativeReduction(_native.Stream):
                          None if proposals is None else proposals.astype(np.int8).tobytes(),
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
-                         progress_timeout, started, params.ask_first, row, expect)
+                         progress_timeout, started, params.ask_first, row, expect,
+                         layout.shard if layout is not None and layout.scatter else -1)
 
     def tick(self, now: float) -> None:
         """Retransmit what timed out; raise if progress stopped for too long."""

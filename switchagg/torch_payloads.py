@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .calls import Layout
 from .codec import (
     CLASS_NAN,
     CLASS_NEG,
@@ -31,15 +32,16 @@ from .wire import EXP_NONE, EXP_NONFINITE, VALUE_DTYPE, Buffer
 
 
 def tensor_to_flat(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray, Any], Any]]:
-    """A flat numpy vector of CPU tensor ``t`` and a function that turns a result back into a tensor."""
+    """A flat numpy vector of CPU tensor ``t`` and a function that turns a result (shaped as the
+    call's result) back into a tensor of ``t``'s dtype and device."""
     t = t.detach()
-    dtype, shape, device = t.dtype, t.shape, t.device
+    dtype, device = t.dtype, t.device
     flat = t.reshape(-1).cpu()
     if dtype == torch.bfloat16:
         flat = flat.float()
 
     def restore(result: np.ndarray, out: torch.Tensor | None) -> torch.Tensor:
-        back = torch.from_numpy(result).reshape(shape).to(device=device, dtype=dtype)
+        back = torch.from_numpy(result).to(device=device, dtype=dtype)
         if out is None:
             return back
         if out.data_ptr() != back.data_ptr():  # not already summed in place
@@ -71,24 +73,33 @@ def _decode_classes(counts: torch.Tensor) -> torch.Tensor:
 
 
 class TorchPayloads:
-    """A float tensor on any device, quantized there chunk by chunk (the GPU path)."""
+    """A float tensor on any device, quantized there chunk by chunk (the GPU path).
 
-    def __init__(self, tensor: torch.Tensor, k: int, n_workers: int) -> None:
+    ``layout`` as :class:`~switchagg.payloads.FloatPayloads`'s: an allreduce's by default; a
+    reduce-scatter's sums land in a shard-sized :attr:`out`.
+    """
+
+    def __init__(self, tensor: torch.Tensor, k: int, n_workers: int, layout: Layout | None = None) -> None:
         self.k, self.n = k, n_workers
         self.flat = tensor.detach().reshape(-1).float()
+        self.layout = layout or Layout(k, self.flat.numel())
         self.device = self.flat.device
-        self.out = torch.empty_like(self.flat)
+        self.out = torch.empty(self.layout.shard if self.layout.scatter else self.flat.numel(),
+                               dtype=torch.float32, device=self.device)
         pinned = self.device.type == "cuda"
         self._stage = torch.empty(k, dtype=torch.int32, pin_memory=pinned)
         self._stage_np = self._stage.numpy()
         self._proposals = self._propose()
 
     def _propose(self) -> np.ndarray:
-        n_blocks = -(-self.flat.numel() // self.k)
+        """Each chunk's proposal, as codec.propose_exponents makes them, for all shards at once: each
+        shard padded with zeros to whole chunks, one row per chunk."""
+        layout = self.layout
+        n_blocks = layout.n_chunks
         if n_blocks == 0:
             return np.zeros(0, dtype=np.int8)
-        padded = torch.zeros(n_blocks * self.k, dtype=torch.float32, device=self.device)
-        padded[: self.flat.numel()] = self.flat
+        padded = torch.zeros(layout.shards, layout.per_shard * self.k, dtype=torch.float32, device=self.device)
+        padded[:, : layout.shard] = self.flat.view(layout.shards, layout.shard)
         maxabs = padded.view(n_blocks, self.k).abs().amax(dim=1)  # amax propagates NaN
         exps = torch.frexp(maxabs).exponent.to(torch.int32)
         exps = torch.clamp(exps, min=MIN_EXPONENT, max=MAX_EXPONENT)
@@ -100,7 +111,8 @@ class TorchPayloads:
         return self._proposals
 
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:
-        block = self.flat[chunk * self.k:(chunk + 1) * self.k]
+        start, stop = self.layout.source(chunk)
+        block = self.flat[start:stop]
         if exponent == EXP_NONFINITE:  # class codes, as codec.quantize writes them
             q = ((block >= NONFINITE_FROM).to(torch.int32) * CLASS_POS
                  + (block <= -NONFINITE_FROM).to(torch.int32) * CLASS_NEG
@@ -111,7 +123,8 @@ class TorchPayloads:
         encode_int32(self._stage_np[: q.numel()], out)
 
     def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
-        part = self.out[chunk * self.k:(chunk + 1) * self.k]
+        start, stop = self.layout.target(chunk)
+        part = self.out[start:stop]
         size = part.numel()
         self._stage_np[:size] = np.frombuffer(sums, VALUE_DTYPE, count=size)  # wire -> native int32, pinned
         values = self._stage[:size].to(self.device, non_blocking=True)
@@ -122,7 +135,8 @@ class TorchPayloads:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the staging buffer is reused next
 
-    def result(self, like: torch.Tensor, mean: bool) -> torch.Tensor:
-        """The sums (or means) shaped and typed like the input."""
+    def result(self, like: torch.Tensor, mean: bool, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The sums (or means) typed like the input ``like``, shaped like it or as ``shape`` (a
+        reduce-scatter's shard)."""
         out = self.out / self.n if mean else self.out
-        return out.view(like.shape).to(like.dtype)
+        return out.view(like.shape if shape is None else shape).to(like.dtype)

@@ -107,20 +107,23 @@ class SimNet:
                 self.sent_log.append((self.now, addr, row[:length].tobytes()))
                 self._transmit(self.up, "switch", row[:length].tobytes(), addr)
 
-    def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0) -> None:
+    def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce") -> None:
+        """Start ``w``'s next call on ``x``: an allreduce, or a reduce-scatter (``w.out`` is then its shard)."""
         job = w.job
+        layout = calls.Layout.of(x.size, job.k, job.n, collective)
+        size = layout.shard if layout.scatter else x.size
         if x.dtype == np.int32:
-            w.out = np.empty_like(x)
-            payloads = Int32Payloads(x, w.out, job.k)
+            w.out = np.empty(size, np.int32)
+            payloads = Int32Payloads(x, w.out, job.k, layout)
         else:
-            w.out = np.empty_like(x, dtype=np.float32)
-            payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n)
-        n_chunks = -(-x.size // job.k)
-        desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum")
+            w.out = np.empty(size, np.float32)
+            payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n, layout)
+        desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
+                                    collective=collective)
         w.red = IMPLEMENTATIONS[self.impl](
-            job.params(w.rank), w.window, payloads, n_chunks=n_chunks, first_id=w.next_id, copies=w.copies,
+            job.params(w.rank), w.window, payloads, n_chunks=layout.n_chunks, first_id=w.next_id, copies=w.copies,
             now=self.now, progress_timeout=progress_timeout, started=w.started,
-            call=calls.rows(desc, w.rank, job.n, job.k))
+            call=calls.rows(desc, w.rank, job.n, job.k), layout=layout)
         w.next_id = (w.next_id + w.red.total) & 0xFFFFFFFF
         w.seq += 1
         w.error = None

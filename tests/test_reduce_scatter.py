@@ -1,0 +1,351 @@
+"""Reduce-scatter on the worker's side: the chunks' layout, the call round's descriptor, and the state
+machines (Python and C alike) against the switch model over simulated links.
+
+A reduce-scatter of n * s values among n ranks hands rank r values [r * s, (r + 1) * s) of the sum.
+Each shard is cut into ceil(s / K) chunks of its own (no chunk straddles two owners), every data
+contribution names its chunk's owner, and the switch sends the owner the sum and every other rank
+the RESULT's header alone. End-to-end tests through the embedded switch are at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchagg import calls, codec
+from switchagg.calls import CallDescriptor, Layout
+from switchagg.payloads import FloatPayloads, Int32Payloads
+from switchagg.protocol import Window
+from switchagg.switch.model import SwitchModel
+from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
+
+from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request) -> str:
+    return request.param
+
+
+def data(n: int, size: int, seed: int, dtype=np.float32) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        return [rng.integers(-2**31, 2**31, size, dtype=np.int64).astype(np.int32) for _ in range(n)]
+    return [(rng.standard_normal(size) * 10 ** rng.uniform(-3, 3, size)).astype(np.float32) for _ in range(n)]
+
+
+def shard_bound(xs: list[np.ndarray], layout: Layout, rank: int, n: int) -> np.ndarray:
+    """codec's bound for each value of ``rank``'s shard: its chunk's agreed exponent's."""
+    own = range(rank * layout.per_shard, (rank + 1) * layout.per_shard)
+    exps = [max(int(codec.propose_exponents(x[slice(*layout.source(c))], layout.k)[0]) for x in xs) for c in own]
+    return np.concatenate([np.full(layout.target(c)[1] - layout.target(c)[0], codec.error_bound(e, n))
+                           for c, e in zip(own, exps, strict=True)] or [np.zeros(0)])
+
+
+def expected_shard(xs: list[np.ndarray], rank: int) -> np.ndarray:
+    s = xs[0].size // len(xs)
+    if xs[0].dtype == np.int32:
+        return np.sum(np.stack(xs), axis=0, dtype=np.int32)[rank * s:(rank + 1) * s]  # wraps like int32
+    return np.sum(np.stack(xs).astype(np.float64), axis=0)[rank * s:(rank + 1) * s]
+
+
+def check_shards(ws, xs: list[np.ndarray], job: Job) -> None:
+    layout = Layout.of(xs[0].size, job.k, job.n, "reduce_scatter")
+    for w in ws:
+        assert w.error is None and w.red.done and w.red.mismatch is None
+        exact = expected_shard(xs, w.rank)
+        assert w.out.shape == exact.shape
+        if xs[0].dtype == np.int32:
+            assert np.array_equal(w.out, exact)
+        else:
+            bound = shard_bound(xs, layout, w.rank, job.n)
+            assert np.all(np.abs(w.out.astype(np.float64) - exact) <= bound + np.abs(exact) * 2.0**-23)
+
+
+def scatter_net(job: Job, impl: str, up: Impairment | None = None, down: Impairment | None = None,
+                seed: int = 0) -> tuple[SimNet, list]:
+    model = SwitchModel(64)
+    model.add_job(job.entry())
+    net = SimNet(model, up or Impairment(), down or Impairment(), seed=seed, impl=impl)
+    return net, [net.add_worker(job, r) for r in range(job.n)]
+
+
+def run_call(net: SimNet, ws: list, xs: list[np.ndarray], collective: str = "reduce_scatter") -> None:
+    for w, x in zip(ws, xs, strict=True):
+        net.start(w, x, collective=collective)
+    net.run()
+
+
+# ---- the layout -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("shard", [0, 1, 7, 8, 9, 17, 64])
+def test_each_shard_is_cut_apart_and_no_chunk_straddles_two_owners(n, shard):
+    layout = Layout.of(n * shard, 8, n, "reduce_scatter")
+    assert layout.scatter and layout.shard == shard and layout.per_shard == -(-shard // 8)
+    assert layout.n_chunks == n * layout.per_shard
+    covered = np.zeros(n * shard, int)
+    for c in range(layout.n_chunks):
+        start, stop = layout.source(c)
+        owner = layout.owner(c)
+        assert owner * shard <= start < stop <= (owner + 1) * shard  # inside its owner's shard
+        assert 0 < stop - start <= 8
+        t0, t1 = layout.target(c)
+        assert (t0 + owner * shard, t1 + owner * shard) == (start, stop)  # the same place in the shard
+        covered[start:stop] += 1
+    assert np.all(covered == 1)
+
+
+def test_an_allreduce_layout_is_the_plain_chunking():
+    layout = Layout.of(20, 8, 3, "allreduce")
+    assert not layout.scatter and layout.n_chunks == 3
+    assert [layout.source(c) for c in range(3)] == [(0, 8), (8, 16), (16, 20)]
+    assert [layout.target(c) for c in range(3)] == [(0, 8), (8, 16), (16, 20)]
+
+
+def test_a_length_the_ranks_do_not_divide_is_refused_saying_so():
+    with pytest.raises(ValueError, match="3 ranks divide evenly.*not 10"):
+        Layout.of(10, 8, 3, "reduce_scatter")
+
+
+# ---- the call round's descriptor -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["float", "int32"])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_a_descriptor_says_its_collective_and_reads_back_whole(kind, op, collective):
+    desc = CallDescriptor(65536 + 7, (1 << 40) + 12345, kind, op, collective=collective)
+    back = CallDescriptor.from_words(*desc.words())
+    assert back == CallDescriptor(7, (1 << 40) + 12345, kind, op, collective=collective)
+
+
+def test_an_allreduce_and_a_reduce_scatter_of_the_same_tensor_are_different_calls():
+    """The call round compares each rank's descriptor with its own: these must differ in it."""
+    a = CallDescriptor(3, 96, "float", "sum")
+    b = CallDescriptor(3, 96, "float", "sum", collective="reduce_scatter")
+    assert a.words() != b.words()
+    _, expect = calls.rows(a, 0, 2, 8)
+    mine, _ = calls.rows(b, 1, 2, 8)
+    theirs, _ = calls.rows(a, 0, 2, 8)
+    summed = (mine.astype(np.int64) + theirs).astype(">i4").tobytes()
+    assert summed != expect
+    error = calls.mismatch_error(summed, 2, 0)
+    assert "rank 0: call #3: 96 float values" in str(error)
+    assert "rank 1: call #3: reduce_scatter of 96 float values" in str(error)
+
+
+@pytest.mark.parametrize("length, n, expect", [(32, 2, 4), (30, 3, 6), (3, 3, 3), (0, 2, 1), (9000, 3, 16)])
+def test_a_reduce_scatters_call_round_covers_its_padded_chunks(length, n, expect):
+    """K = 8, 16 slots: 32 values over 2 ranks are 4 chunks (as an allreduce's), 30 over 3 are 3 x 2
+    (an allreduce's 4), 3 over 3 are 3 chunks of one value, not one of three; at most a round per slot."""
+    desc = CallDescriptor(0, length, "float", collective="reduce_scatter")
+    assert desc.rounds(8, 16, n) == expect
+    row = np.sum([calls.rows(desc, r, n, 8)[0].astype(np.int64) for r in range(n)], axis=0)
+    assert calls.footprint(row.astype(">i4").tobytes(), n, 8, 16) == expect
+
+
+# ---- the state machines, over simulated links -----------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("shard", [0, 1, 5, 16, 17, 40])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_each_rank_gets_its_shard_of_the_sum(n, shard, dtype, impl):
+    job = Job(n=n, slots=4, k=16)
+    net, ws = scatter_net(job, impl)
+    xs = data(n, n * shard, seed=n * 100 + shard, dtype=dtype)
+    run_call(net, ws, xs)
+    check_shards(ws, xs, job)
+
+
+def test_every_data_contribution_names_its_owner_and_only_the_owner_gets_the_values(impl):
+    job = Job(n=3, slots=4, k=8)
+    net, ws = scatter_net(job, impl)
+    xs = data(3, 3 * 13, seed=1)  # shards of 13: two chunks each, the second of 5 values
+    layout = Layout.of(xs[0].size, job.k, job.n, "reduce_scatter")
+    received: dict[int, list] = {r: [] for r in range(job.n)}
+    process = net.model.process
+
+    def watch(data, src):
+        emits = process(data, src)
+        for e in emits:
+            received[e.header.worker].append(e.header)
+        return emits
+
+    net.model.process = watch
+    run_call(net, ws, xs)
+    check_shards(ws, xs, job)
+    rounds = ws[0].red.rounds
+    for _, _, packet in net.sent_log:
+        h = unpack_header(packet)
+        t = h.chunk  # the first call: ids from 0
+        if t < rounds:
+            assert h.flags & FLAG_OWNER == 0 and h.owner == 0  # the call round is an ordinary sum
+        else:
+            assert h.flags & FLAG_OWNER and h.owner == layout.owner(t - rounds)
+    for rank, headers in received.items():
+        own = {rounds + c for c in range(layout.n_chunks) if layout.owner(c) == rank}
+        for h in headers:
+            assert h.type == PacketType.RESULT
+            whole = h.chunk < rounds or h.chunk in own
+            assert h.count == (job.k if whole else 0)
+        assert {h.chunk for h in headers} == set(range(rounds + layout.n_chunks))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_loss_duplication_and_reordering_change_no_bit_of_any_shard(seed, dtype, impl):
+    job = Job(n=4, slots=6, k=8, ask_first=seed % 2 == 1)
+    xs = data(4, 4 * 61, seed=seed, dtype=dtype)
+    net, ws = scatter_net(job, impl)
+    run_call(net, ws, xs)
+    clean = [w.out.copy() for w in ws]
+    bad = Impairment(loss=0.12, dup=0.1, latency=0.001, jitter=0.004)
+    net, ws = scatter_net(job, impl, bad, bad, seed=seed)
+    for _ in range(2):  # a second call too: copies and ids carried over
+        run_call(net, ws, xs)
+        check_shards(ws, xs, job)
+        for w, c in zip(ws, clean, strict=True):
+            assert w.out.tobytes() == c.tobytes()
+    counters = net.model.counters()["jobs"][job.job_id]
+    assert counters["results_unicast"] + counters["duplicate_pending"] > 0  # repeats happened
+    assert sum(w.red.retransmissions for w in ws) > 0
+
+
+def test_reduce_scatters_and_allreduces_interleave_in_one_session(impl):
+    """Ids, slot copies and the window carry from one collective to the other."""
+    job = Job(n=3, slots=4, k=8)
+    net, ws = scatter_net(job, impl, Impairment(loss=0.05), Impairment(loss=0.05), seed=3)
+    for i, (size, collective) in enumerate([(30, "reduce_scatter"), (50, "allreduce"), (3, "reduce_scatter"),
+                                           (0, "reduce_scatter"), (48, "reduce_scatter"), (7, "allreduce")]):
+        xs = data(3, size, seed=i, dtype=np.int32)
+        run_call(net, ws, xs, collective)
+        total = np.sum(np.stack(xs), axis=0, dtype=np.int32)
+        for w in ws:
+            assert w.error is None and w.red.done and w.red.mismatch is None
+            want = total if collective == "allreduce" else expected_shard(xs, w.rank)
+            assert np.array_equal(w.out, want)
+    assert net.model.counters()["jobs"][job.job_id]["stale"] == 0
+
+
+def test_an_allreduce_against_a_reduce_scatter_stops_in_the_call_round_on_every_rank(impl):
+    """No data of either goes: every rank reads the same call-round sum, sees both calls, and takes
+    the same footprint."""
+    job = Job(n=2, slots=4, k=8)
+    net, ws = scatter_net(job, impl)
+    xs = data(2, 40, seed=5)
+    net.start(ws[0], xs[0], collective="allreduce")
+    net.start(ws[1], xs[1], collective="reduce_scatter")
+    net.run()
+    rows = [w.red.mismatch for w in ws]
+    assert rows[0] is not None and rows[0] == rows[1]
+    descs = calls.read(rows[0], 2)
+    assert [d.collective for d in descs] == ["allreduce", "reduce_scatter"]
+    assert calls.footprint(rows[0], 2, job.k, job.slots) == 4  # 5 chunks of the allreduce's, 6 of the other's
+    data_sent = [unpack_header(p) for _, _, p in net.sent_log if unpack_header(p).chunk >= ws[0].red.rounds]
+    assert data_sent == [] and net.model.counters()["jobs"][job.job_id]["results_multicast"] == 4
+
+
+def test_every_rank_knows_a_marked_chunk_that_another_rank_owns(impl):
+    """Rank 2 holds NaN in a value of rank 0's shard: rank 0's shard has NaN in that chunk, and every
+    rank's call knows a chunk went marked (from the headers alone), so nonfinite="raise" raises on all."""
+    job = Job(n=3, slots=4, k=8)
+    net, ws = scatter_net(job, impl)
+    xs = [np.ones(3 * 20, np.float32) for _ in range(3)]
+    xs[2][3] = np.nan  # rank 0's shard, its first chunk
+    run_call(net, ws, xs)
+    assert [w.red.marked for w in ws] == [True, True, True]
+    assert np.isnan(ws[0].out[:8]).all() and np.all(ws[0].out[8:] == 3.0)
+    assert all(np.all(w.out == 3.0) for w in ws[1:])
+    run_call(net, ws, [np.ones(3 * 20, np.float32) for _ in range(3)])
+    assert [w.red.marked for w in ws] == [False, False, False]
+
+
+# ---- a switch that gets ownership wrong -----------------------------------------------------------------
+
+
+def one_call(impl: str, rank: int):
+    """Rank ``rank``'s call of a 2-rank reduce-scatter of 2 x 8 int32 (K = 8, a chunk per shard), its
+    call round already answered: the data chunks are out, their results to be forged by hand."""
+    job = Job(n=2, slots=4, k=8)
+    x = np.arange(16, dtype=np.int32)
+    layout = Layout.of(16, 8, 2, "reduce_scatter")
+    out = np.full(8, -7, np.int32)
+    desc = CallDescriptor(0, 16, "int32", collective="reduce_scatter")
+    red = IMPLEMENTATIONS[impl](job.params(rank), Window(4), Int32Payloads(x, out, 8, layout), n_chunks=2,
+                                first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0,
+                                started=True, call=calls.rows(desc, rank, 2, 8), layout=layout)
+    rows = np.zeros((8, datagram_size(8)), np.uint8)
+    lengths = np.zeros(8, np.uint32)
+    sent = [rows[i, :lengths[i]].tobytes() for i in range(red.emit(rows, lengths))]
+    assert len(sent) == 2  # the call round: a packet per chunk (2 chunks, 4 slots)
+    expect = calls.rows(desc, 0, 2, 8)[1]
+    for packet in sent:
+        h = unpack_header(packet)._replace(type=PacketType.RESULT)
+        deliver(red, h.pack() + expect, 0.001)
+    sent = [unpack_header(rows[i, :lengths[i]].tobytes()) for i in range(red.emit(rows, lengths))]
+    assert [(h.chunk, h.flags & FLAG_OWNER, h.owner) for h in sent] == [(2, FLAG_OWNER, 0), (3, FLAG_OWNER, 1)]
+    return red, out, sent
+
+
+def deliver(red, packet: bytes, now: float) -> int:
+    return red.receive_batch(packet, np.zeros(1, np.uint32), np.array([len(packet)], np.uint32), now)
+
+
+def forged(h, *, count: int, owner: int | None = None, flags: int | None = None) -> bytes:
+    h = h._replace(type=PacketType.RESULT, count=count, owner=h.owner if owner is None else owner,
+                   flags=h.flags if flags is None else flags)
+    return h.pack() + np.full(count, 5, ">i4").tobytes()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_result_in_the_wrong_shape_is_counted_and_ignored_never_decoded(rank, impl):
+    red, out, sent = one_call(impl, rank)
+    mine, theirs = sent[rank], sent[1 - rank]
+    wrong = [forged(mine, count=0),  # the owner's chunk without its values
+             forged(theirs, count=8),  # another rank's values
+             forged(mine, count=8, owner=1 - rank),  # the owner echoed wrong
+             forged(mine, count=8, flags=mine.flags & ~FLAG_OWNER, owner=0),  # as an allreduce's
+             forged(theirs, count=0, flags=theirs.flags & ~FLAG_OWNER, owner=0)]
+    for i, packet in enumerate(wrong):
+        assert deliver(red, packet, 0.002) == 0
+        assert red.protocol_errors == i + 1
+    assert np.all(out == -7) and not red.done and len(red.pending()) == 2
+    assert deliver(red, forged(theirs, count=0), 0.003) == 1  # the right shapes complete the call
+    assert deliver(red, forged(mine, count=8), 0.003) == 1
+    assert red.done and np.all(out == 5) and red.protocol_errors == len(wrong)
+    assert deliver(red, forged(mine, count=8), 0.004) == 0 and red.protocol_errors == len(wrong)  # a duplicate
+
+
+def test_an_allreduce_result_with_an_owner_is_a_protocol_error(impl):
+    job = Job(n=1, slots=4, k=8)
+    x = np.arange(8, dtype=np.int32)
+    out = np.zeros(8, np.int32)
+    red = IMPLEMENTATIONS[impl](job.params(0), Window(4), Int32Payloads(x, out, 8), n_chunks=1, first_id=0,
+                                copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, started=True)
+    rows, lengths = np.zeros((2, datagram_size(8)), np.uint8), np.zeros(2, np.uint32)
+    assert red.emit(rows, lengths) == 1
+    h = unpack_header(rows[0].tobytes())
+    assert h.flags & FLAG_OWNER == 0 and h.owner == 0
+    assert deliver(red, forged(h, count=8, owner=0, flags=h.flags | FLAG_OWNER), 0.001) == 0
+    assert red.protocol_errors == 1 and not red.done
+    assert deliver(red, forged(h, count=8), 0.001) == 1 and np.all(out == 5)
+
+
+def test_the_c_stream_refuses_a_reduce_scatter_whose_buffers_do_not_fit():
+    from switchagg.protocol import NativeReduction
+
+    job = Job(n=2, slots=4, k=8)
+    layout = Layout.of(20, 8, 2, "reduce_scatter")
+    x = np.ones(20, np.float32)
+    call = calls.rows(CallDescriptor(0, 20, "float", collective="reduce_scatter"), 0, 2, 8)
+    for out in (np.empty(20, np.float32), np.empty(9, np.float32)):  # the whole vector, or not a shard
+        with pytest.raises(ValueError, match="shard"):
+            NativeReduction(job.params(0), Window(4), FloatPayloads(x, out, 8, 2, layout), n_chunks=4, first_id=0,
+                            copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call, layout=layout)
+    out = np.empty(10, np.float32)
+    with pytest.raises(ValueError, match="n_chunks"):
+        NativeReduction(job.params(0), Window(4), FloatPayloads(x, out, 8, 2, layout), n_chunks=3, first_id=0,
+                        copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call, layout=layout)
