@@ -21,6 +21,8 @@ every rank takes the same one.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -50,6 +52,7 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self.formed: Formed | None = form(store, rank, size, options, timeout)
+        atexit.register(_shut_down, weakref.ref(self))  # a program that never calls destroy_process_group
 
     @property
     def client(self) -> Any:
@@ -122,6 +125,13 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             return [output]
 
         return self._work(output, lambda: self.client.allreduce_async(buf, op="sum", out=buf), place)
+
+
+def _shut_down(group: weakref.ref[SwitchAggProcessGroup]) -> None:
+    """At exit: remove the job of a group still alive (Lightning and accelerate do not destroy theirs)."""
+    pg = group()
+    if pg is not None:
+        pg.shutdown()
 
 
 def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
