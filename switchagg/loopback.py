@@ -53,12 +53,14 @@ def loopback_job(n_workers: int, *, values_per_packet: int = 8192, slot_count: i
         values_per_packet=values_per_packet, workers=tuple(WorkerSpec(Endpoint("127.0.0.1", p)) for p in workers))
 
 
-def spawn_switch(config: Path, ready_file: Path, *, prefix: Sequence[str] = (), timeout: float = 30.0,
-                 **popen: Any) -> tuple[subprocess.Popen, dict[str, Any]]:
-    """Start ``switchagg switch --config config`` (after ``prefix``, e.g. ``ip netns exec NS``) and wait
+def spawn_switch(config: Path | None, ready_file: Path, *, prefix: Sequence[str] = (), timeout: float = 30.0,
+                 switch_args: Sequence[str] = (), **popen: Any) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start ``switchagg switch --config config`` (after ``prefix``, e.g. ``ip netns exec NS``; config None
+    and ``switch_args`` such as ``--address``, ``--control``: a switch that takes jobs later) and wait
     until it says where it listens, in ``ready_file``; returns the process and what it wrote there."""
     ready_file.unlink(missing_ok=True)
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "switchagg", "switch", "--config", str(config),
+    job = ["--config", str(config)] if config is not None else []
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "switchagg", "switch", *job, *switch_args,
                              "--ready-file", str(ready_file)], **popen)
     deadline = time.monotonic() + timeout
     while not ready_file.exists():

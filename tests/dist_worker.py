@@ -87,10 +87,20 @@ def train(rank: int, queue: Any, world: int, env: dict[str, str], port: int, bac
     """``steps`` of SGD on a fixed regression task, each rank its own batches; puts the losses."""
     _init(rank, world, env, port, backend)
     model = _model(kind, world)
+    losses = _steps(model, rank, steps)
+    sent = received = 0
+    if backend == "switchagg":
+        stats = dist.group.WORLD.client.transport_stats
+        sent, received = stats.bytes_sent, stats.bytes_received
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"losses": losses, "sent": sent, "received": received}))
+
+
+def _steps(model: torch.nn.Module, rank: int, steps: int) -> list[float]:
+    """SGD on a fixed regression task, each rank its own batches; the losses."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(100 + rank)
-    teacher = torch.Generator().manual_seed(7)
-    w = torch.randn(20, 4, generator=teacher)
+    w = torch.randn(20, 4, generator=torch.Generator().manual_seed(7))
     losses = []
     for _ in range(steps):
         x = torch.randn(32, 20, generator=g)
@@ -99,12 +109,7 @@ def train(rank: int, queue: Any, world: int, env: dict[str, str], port: int, bac
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    sent = received = 0
-    if backend == "switchagg":
-        stats = dist.group.WORLD.client.transport_stats
-        sent, received = stats.bytes_sent, stats.bytes_received
-    dist.destroy_process_group()
-    queue.put((rank, "result", {"losses": losses, "sent": sent, "received": received}))
+    return losses
 
 
 def init_only(rank: int, queue: Any, world: int, env: dict[str, str], port: int) -> None:
@@ -132,3 +137,19 @@ def two_groups(rank: int, queue: Any, world: int, env: dict[str, str], port: int
     wb.wait()
     dist.destroy_process_group()
     queue.put((rank, "result", {"jobs": jobs, "a": sorted(set(a.tolist())), "b": sorted(set(b.tolist()))}))
+
+
+def fsdp_custom(rank: int, queue: Any, world: int, env: dict[str, str], port: int, steps: int) -> None:
+    """FSDP2 over a gloo default group, its reduce-scatter through a switchagg group beside it."""
+    _init(rank, world, env, port, "gloo")
+    from switchagg.distributed.fsdp import SwitchReduceScatter
+
+    switch = dist.new_group(list(range(world)), backend="switchagg")
+    model = _model("fsdp", world)
+    for module in model.modules():
+        if hasattr(module, "set_custom_reduce_scatter"):
+            module.set_custom_reduce_scatter(SwitchReduceScatter(switch))
+    losses = _steps(model, rank, steps)
+    stats = switch.client.transport_stats
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"losses": losses, "sent": stats.bytes_sent, "received": stats.bytes_received}))

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("targets.base", "targets.p4c", "targets.p4job", "targets.bfrt", "targets.tofino_build", "targets.soft",
      "targets.bmv2", "targets.tofino", "targets"),  # control planes
     ("client", "loopback", "torch_futures", "ddp", "distributed.options", "distributed.rendezvous",
-     "distributed.group", "distributed"),  # the worker's side
+     "distributed.group", "distributed.fsdp", "distributed"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
      "benchmarks.loss", "benchmarks.throughput", "", "__main__", "switch"),  # programs
 )

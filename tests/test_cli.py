@@ -9,13 +9,15 @@ import json
 import signal
 import socket
 
+import numpy as np
 import pytest
 
+from switchagg import Client
 from switchagg.__main__ import build_parser, main
-from switchagg.loopback import free_ports
+from switchagg.loopback import free_ports, spawn_switch
 from switchagg.transport import BATCHED_AVAILABLE
 
-from .conftest import loopback_config
+from .conftest import loopback_config, run_ranks
 
 
 def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, soft_switch, tmp_path, capsys):
@@ -91,6 +93,23 @@ def test_switch_refuses_a_public_control_port_unless_told(tmp_path, capsys):
     assert "--control-any-address" in capsys.readouterr().err
     assert main(["switch", "--config", str(path), "--control-any-address"]) == 1  # there is no control port
     assert "--control-any-address: this switch has no control port" in capsys.readouterr().err
+
+
+def test_switch_without_a_job_file_takes_jobs_through_its_control_port(tmp_path, capsys):
+    assert main(["switch", "--address", "127.0.0.1:1"]) == 1
+    assert "with no --config, give --address" in capsys.readouterr().err
+    udp, control = free_ports(1)[0], free_ports(1, socket.SOCK_STREAM)[0]
+    proc, _ = spawn_switch(None, tmp_path / "ready.json",
+                           switch_args=("--address", f"127.0.0.1:{udp}", "--control", f"127.0.0.1:{control}"))
+    try:
+        cfg = loopback_config(2, switch_port=udp, control=control, k=64)
+        path = cfg.write(tmp_path / "job.toml")
+        assert main(["deploy", "--config", str(path)]) == 0
+        results = run_ranks(2, lambda r: Client(cfg, r).allreduce(np.full(100, r + 1, dtype=np.int32)))
+        assert all(np.array_equal(res, np.full(100, 3)) for res in results)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):

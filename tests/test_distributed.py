@@ -93,6 +93,18 @@ def test_training_through_the_backend_matches_gloo(switch, kind):
             assert received < 0.8 * sent, (sent, received)
 
 
+def test_fsdp_keeps_its_group_and_sums_through_a_switch_group_beside_it(switch):
+    """set_custom_reduce_scatter: FSDP2 over gloo, its gradient shards summed by the switch."""
+    _, env = switch
+    steps = 20
+    gloo = spawn(dist_worker.train, env, "gloo", "fsdp", steps)
+    ours = spawn(dist_worker.fsdp_custom, env, steps)
+    for rank in range(WORLD):
+        assert np.allclose(ours[rank]["losses"], gloo[rank]["losses"], rtol=1e-4, atol=0)
+        assert ours[rank]["sent"] > steps * 4 * (20 * 64 + 64 * 64 + 64 * 4), "the shards went through the switch"
+        assert ours[rank]["received"] < 0.8 * ours[rank]["sent"]
+
+
 def test_options_need_the_switch_and_check_what_they_are_given():
     with pytest.raises(ConfigError, match="SWITCHAGG_SWITCH"):
         Options.from_env({})
