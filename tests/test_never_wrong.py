@@ -1,4 +1,5 @@
-"""Never a wrong sum (issue 27): a restarted job, one rank's bad input, mismatched calls, a prompt close.
+"""Never a wrong sum (issue 27): a restarted job, one rank's bad input, mismatched calls (allreduces and
+reduce-scatters), a prompt close.
 
 Each case once handed a rank a value that was not the sum (or hung), on the embedded switch with
 two ranks and K = 64, through the public API.
@@ -116,6 +117,25 @@ def test_mismatched_calls_raise_on_every_rank_and_the_next_calls_stay_paired(mak
         assert isinstance(first, CallMismatch), first
         assert "rank 0" in str(first) and "rank 1" in str(first)
         assert np.all(second == 8)
+
+
+@pytest.mark.parametrize("calls", [
+    (("allreduce", 1000), ("reduce_scatter", 1000)),  # the collective
+    (("reduce_scatter", 1000), ("reduce_scatter", 1002)),  # lengths
+    (("reduce_scatter", 64 * 40), ("reduce_scatter", 64 * 4)),  # call rounds of different sizes
+    (("reduce_scatter", 0), ("allreduce", 0)),  # empty calls
+], ids=["collective", "length", "rounds", "empty"])
+def test_a_reduce_scatter_against_another_call_raises_on_every_rank_and_the_next_calls_stay_paired(make_job, calls):
+    """A rank's allreduce never sums with another's reduce-scatter of the same tensor (one would get the
+    others' values back where it expected a shard, the others a shard's worth of sums), nor do
+    reduce-scatters of different lengths (each rank's shard would be a different slice)."""
+    cfg = make_job(2, k=64, slot_count=8)
+    per_rank = [[lambda c, collective=collective, size=size: getattr(c, collective)(np.ones(size, np.float32)),
+                 lambda c: c.reduce_scatter(np.full(300, 4, np.int32))] for collective, size in calls]
+    for first, second in calls_on_ranks(cfg, per_rank):
+        assert isinstance(first, CallMismatch), first
+        assert "reduce_scatter" in str(first) and "rank 0" in str(first) and "rank 1" in str(first)
+        assert second.shape == (150,) and np.all(second == 8)
 
 
 def test_a_skipped_call_is_a_mismatch_not_a_shifted_sum(make_job):

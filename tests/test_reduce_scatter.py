@@ -12,13 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchagg import calls, codec
+from switchagg import Client, QuantizationError, calls, codec
 from switchagg.calls import CallDescriptor, Layout
+from switchagg.errors import PeerFailed
 from switchagg.payloads import FloatPayloads, Int32Payloads
 from switchagg.protocol import Window
 from switchagg.switch.model import SwitchModel
 from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
 
+from .conftest import run_ranks
 from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet
 
 
@@ -349,3 +351,178 @@ def test_the_c_stream_refuses_a_reduce_scatter_whose_buffers_do_not_fit():
     with pytest.raises(ValueError, match="n_chunks"):
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, out, 8, 2, layout), n_chunks=3, first_id=0,
                         copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call, layout=layout)
+
+
+# ---- end to end: Clients through the embedded switch ------------------------------------------------
+
+
+def on_ranks(cfg, per_rank, **client_kw) -> list[list]:
+    """Each rank runs its callables ``f(client)`` in order on one Client; each one's value or exception."""
+    def body(rank):
+        outcomes = []
+        with Client(cfg, rank, start_timeout=10, stall_timeout=3, **client_kw) as c:
+            for call in per_rank[rank]:
+                try:
+                    outcomes.append(call(c))
+                except Exception as exc:  # noqa: BLE001 - the outcome under test
+                    outcomes.append(exc)
+        return outcomes
+    out = run_ranks(len(per_rank), body, timeout=60)
+    assert not any(isinstance(o, BaseException) for o in out), out
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("shard", [0, 1, 100, 256, 1000])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_each_client_gets_its_shard_through_the_embedded_switch(make_job, soft_switch, n, shard, dtype):
+    """K = 256: shards shorter than a chunk, of whole chunks, and padded; int32 exact, floats within the
+    codec's bound; the switch sent each chunk's sum to its owner alone, and no rank met a protocol error."""
+    cfg = make_job(n, k=256, slot_count=4)
+    xs = data(n, n * shard, seed=n * 7 + shard, dtype=dtype)
+
+    def call(c):
+        shard_out = c.reduce_scatter(xs[c.rank])
+        return shard_out, c.protocol_errors
+
+    out = on_ranks(cfg, [[call]] * n)
+    layout = Layout.of(n * shard, 256, n, "reduce_scatter")
+    for rank, ((got, errors),) in enumerate(out):
+        exact = expected_shard(xs, rank)
+        assert got.dtype == dtype and got.shape == (shard,) and errors == 0
+        if dtype == np.int32:
+            assert np.array_equal(got, exact)
+        else:
+            bound = shard_bound(xs, layout, rank, n)
+            assert np.all(np.abs(got.astype(np.float64) - exact) <= bound + np.abs(exact) * 2.0**-23)
+    counters = soft_switch.counters()["jobs"][cfg.job_id]
+    assert counters["results_to_owner"] == layout.n_chunks
+
+
+def test_a_rank_receives_its_shards_sums_and_only_headers_of_the_others(make_job):
+    """4 ranks, 4 x 64k float32 at K = 1024: a reduce-scatter brings each rank about a quarter of the
+    bytes an allreduce of the same tensor does (its 16 chunks' sums, and 48 headers)."""
+    n, k = 4, 1024
+    cfg = make_job(n, k=k, slot_count=16)
+    xs = data(n, n * 16 * k, seed=3)
+
+    def received(c, collective) -> tuple[int, int]:
+        before, resent, asked = c.transport_stats.bytes_received, c.retransmissions, c.queries
+        getattr(c, collective)(xs[c.rank])
+        return c.transport_stats.bytes_received - before, c.retransmissions - resent + c.queries - asked
+
+    calls_ = [lambda c: received(c, "allreduce"), lambda c: received(c, "reduce_scatter")]
+    full = 24 + 4 * k
+    for (allreduce, _), (scatter, extra) in on_ranks(cfg, [calls_] * n):
+        assert allreduce >= (16 + n * 16) * full  # the call round's sums and every chunk's
+        assert 16 * full + 16 * full + 48 * 24 <= scatter <= (16 + 16 + extra) * full + 48 * 24
+        assert scatter < allreduce / 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "bfloat16"])
+def test_dtypes_mean_out_and_async(make_job, dtype):
+    torch = pytest.importorskip("torch")
+    n = 3
+    cfg = make_job(n, k=128, slot_count=4)
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(6, 100, generator=gen).to(getattr(torch, dtype)) for _ in range(n)]
+    exact = (sum(x.double() for x in xs) / n).reshape(-1)
+
+    def work(c):
+        x = xs[c.rank]
+        mean = c.reduce_scatter(x, op="mean")
+        as_numpy = c.reduce_scatter_async(x.float().numpy().astype(np.float64) if dtype == "float64"
+                                          else x.float().numpy(), op="mean").result()
+        out = torch.empty(10, 20, dtype=x.dtype)
+        into = c.reduce_scatter(x, op="mean", out=out)
+        return mean, as_numpy, into is out, out
+
+    for rank, ((mean, as_numpy, same, out),) in enumerate(on_ranks(cfg, [[work]] * n)):
+        want = exact[rank * 200:(rank + 1) * 200]
+        tol = 2e-2 if dtype != "float64" else 1e-6
+        assert mean.dtype == xs[0].dtype and mean.shape == (200,)
+        assert torch.allclose(mean.double(), want, rtol=tol, atol=tol)
+        assert np.allclose(as_numpy, want.numpy(), rtol=tol, atol=tol)
+        assert same and out.shape == (10, 20) and torch.equal(out.reshape(-1), mean)
+
+
+def test_in_place_into_this_ranks_own_shard_of_the_input(make_job):
+    """out may be this rank's own part of x (a chunk is read for the last time before its sum lands):
+    numpy and torch alike, and the rest of x is left as it was."""
+    torch = pytest.importorskip("torch")
+    n = 3
+    cfg = make_job(n, k=64, slot_count=4)
+    xs = data(n, n * 1000, seed=8)
+    exact = [expected_shard(xs, r) for r in range(n)]
+
+    def work(c):
+        r = c.rank
+        x = xs[r].copy()
+        own = x[r * 1000:(r + 1) * 1000]
+        got = c.reduce_scatter(x, out=own)
+        t = torch.from_numpy(xs[r].copy())
+        got_t = c.reduce_scatter(t, out=t[r * 1000:(r + 1) * 1000])
+        return got is own, x, got_t, t
+
+    for r, ((same, x, got_t, t),) in enumerate(on_ranks(cfg, [[work]] * n)):
+        assert same
+        bound = shard_bound(xs, Layout.of(n * 1000, 64, n, "reduce_scatter"), r, n) + np.abs(exact[r]) * 2.0**-23
+        assert np.all(np.abs(x[r * 1000:(r + 1) * 1000] - exact[r]) <= bound)
+        assert np.all(np.abs(t[r * 1000:(r + 1) * 1000].numpy() - exact[r]) <= bound)
+        assert torch.equal(got_t, t[r * 1000:(r + 1) * 1000])
+        rest = np.r_[0:r * 1000, (r + 1) * 1000:n * 1000]
+        assert np.array_equal(x[rest], xs[r][rest]) and np.array_equal(t.numpy()[rest], xs[r][rest])
+
+
+def test_a_length_the_ranks_do_not_divide_fails_that_call_on_every_rank(make_job):
+    """Rank 0 passes 10 values to 3 ranks: it raises a ValueError saying so, its peers a PeerFailed,
+    and the next call sums what every rank passes next."""
+    cfg = make_job(3, k=64, slot_count=4)
+    per_rank = [[lambda c: c.reduce_scatter(np.ones(10 if c.rank == 0 else 9, np.float32)),
+                 lambda c: c.reduce_scatter(np.full(9, c.rank + 1, np.int32))]] * 3
+    (first0, next0), (first1, next1), (first2, next2) = on_ranks(cfg, per_rank)
+    assert isinstance(first0, ValueError) and "3 ranks divide evenly" in str(first0)
+    assert isinstance(first1, PeerFailed) and isinstance(first2, PeerFailed)
+    assert [next0.tolist(), next1.tolist(), next2.tolist()] == [[6, 6, 6]] * 3
+
+
+def test_an_out_of_the_wrong_size_fails_that_call_on_every_rank(make_job):
+    cfg = make_job(2, k=64, slot_count=4)
+    per_rank = [[lambda c: c.reduce_scatter(np.ones(8, np.float32), out=np.empty(8, np.float32))],
+                [lambda c: c.reduce_scatter(np.ones(8, np.float32), out=np.empty(4, np.float32))]]
+    (mine,), (theirs,) = on_ranks(cfg, per_rank)
+    assert isinstance(mine, ValueError) and "shard" in str(mine) and "4" in str(mine)
+    assert isinstance(theirs, PeerFailed)
+
+
+@pytest.mark.parametrize("nonfinite", ["propagate", "raise"])
+def test_a_nan_in_another_ranks_shard_reaches_its_owner_and_raise_raises_on_every_rank(make_job, nonfinite):
+    cfg = make_job(3, k=64, slot_count=4)
+    xs = [np.ones(3 * 200, np.float32) for _ in range(3)]
+    xs[2][70] = np.nan  # rank 0's shard, its second chunk
+    per_rank = [[lambda c: c.reduce_scatter(xs[c.rank]), lambda c: c.reduce_scatter(np.ones(3, np.float32))]] * 3
+    out = on_ranks(cfg, per_rank, nonfinite=nonfinite)
+    for rank, (first, second) in enumerate(out):
+        if nonfinite == "raise":
+            assert isinstance(first, QuantizationError)
+        elif rank == 0:
+            assert np.isnan(first[64:128]).all() and np.all(first[:64] == 3) and np.all(first[128:] == 3)
+        else:
+            assert np.all(first == 3)
+        assert second.tolist() == [3.0]
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()",
+                    reason="no CUDA device here (the GPU path runs on a GPU machine)")
+def test_cuda_tensors_reduce_scatter_on_the_device(make_job):
+    import torch
+
+    n = 2
+    cfg = make_job(n, k=1024, slot_count=4)
+    xs = [torch.randn(2 * 5000 + 2, device="cuda", generator=torch.Generator("cuda").manual_seed(r))
+          for r in range(n)]
+    out = on_ranks(cfg, [[lambda c: c.reduce_scatter(xs[c.rank], op="mean")]] * n)
+    exact = (xs[0] + xs[1]) / 2
+    for rank, (got,) in enumerate(out):
+        assert got.device.type == "cuda" and got.shape == (5001,)
+        assert torch.allclose(got, exact[rank * 5001:(rank + 1) * 5001], atol=1e-5)
