@@ -182,11 +182,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
                               plot=args.plot)
-    if args.ddp:
-        from .ddp_demo import run_ddp_bench
+    if args.ddp or args.fsdp:
+        from .benchmarks.training import run_training_bench
 
-        _refuse(args, (*_THROUGHPUT_FLAGS, *_LOSS_FLAGS, "rounds", "plot"), " --ddp")
-        return run_ddp_bench(workers=workers)
+        mode = "ddp" if args.ddp else "fsdp"
+        _refuse(args, (*(f for f in _THROUGHPUT_FLAGS if f != "values_per_packet"), *_LOSS_FLAGS, "rounds", "plot"),
+                f" --{mode}")
+        ks = args.values_per_packet or [64]
+        if len(ks) != 1:
+            raise ConfigError(f"--values-per-packet: `switchagg bench --{mode}` takes one K, not {len(ks)}")
+        return run_training_bench(mode, workers=workers, values_per_packet=ks[0])
     from .benchmarks.throughput import run_bench
 
     _refuse(args, _LOSS_FLAGS, " (throughput)")
@@ -281,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--loss", action="store_true",
                       help="instead: time under 0, 0.1, 1 and 5%% real packet loss (root: namespaces and nftables)")
     mode.add_argument("--ddp", action="store_true",
-                      help="instead: DDP iteration time of a ~2M-parameter MLP, hook against gloo allreduce")
+                      help="instead: DDP step time of a ~2M-parameter MLP through the switchagg backend against "
+                           "gloo, and the bytes each rank sends and receives")
+    mode.add_argument("--fsdp", action="store_true",
+                      help="instead: the same with FSDP2 (its reduce-scatter through the switch)")
     p.add_argument("--workers", type=int, help="worker processes (default 4; --loss takes --loss-workers)")
     p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64)")
     p.add_argument("--reps", type=int, help="timed repetitions after a warm-up, median reported (default 5)")
@@ -291,10 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, help="the job's slots (default: 1024 for K = 64, 16 for 64 KB datagrams)")
     p.add_argument("--rounds", type=int,
                    help="switchagg then gloo, this many times (--loss: every rate and recovery); "
-                        "the ratios are the median of the rounds' (default 3; not with --ddp)")
+                        "the ratios are the median of the rounds' (default 3; not with --ddp or --fsdp)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="draw each round's ratios and packet rates (matplotlib; not with --ddp)")
+                   help="draw each round's ratios and packet rates (matplotlib; not with --ddp or --fsdp)")
     p.add_argument("--loss-workers", type=int, nargs="+", help="worker counts of --loss (default 4 7)")
     p.add_argument("--loss-rates", type=float, nargs="+",
                    help="loss rates of --loss, percent per hop (default 0 0.1 1 5)")

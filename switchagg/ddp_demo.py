@@ -1,15 +1,13 @@
 """A small DDP training, with the switchagg hook and with plain allreduce, side by side.
 
-Used by ``switchagg demo`` (losses next to each other) and ``switchagg bench --ddp``
-(per-iteration time). Every rank trains the same seeded MLP on its own fixed
+Used by ``switchagg demo`` (losses next to each other; ``switchagg bench --ddp`` times the
+backend instead, :mod:`switchagg.benchmarks.training`). Every rank trains the same seeded MLP on its own fixed
 batch; gloo carries DDP's own broadcasts and the baseline's allreduce.
 """
 
 from __future__ import annotations
 
 import socket
-import statistics
-import time
 import tomllib
 import traceback
 from datetime import timedelta
@@ -30,8 +28,7 @@ def _mlp(width: int, depth: int):
     return nn.Sequential(*layers, nn.Linear(width, 1))
 
 
-def _ddp_worker(rank: int, queue, world: int, port: int, cfg_toml: str, steps: int, width: int, depth: int,
-                warmup: int) -> None:
+def _ddp_worker(rank: int, queue, world: int, port: int, cfg_toml: str, steps: int, width: int, depth: int) -> None:
     try:
         import torch
         import torch.distributed as dist
@@ -54,20 +51,14 @@ def _ddp_worker(rank: int, queue, world: int, port: int, cfg_toml: str, steps: i
                 state = SwitchAggState.create(JobConfig.from_dict(tomllib.loads(cfg_toml)))
                 model.register_comm_hook(state, allreduce_hook)
             opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            losses, times = [], []
-            for step in range(warmup + steps):
-                dist.barrier()  # every rank starts the iteration together: time the iteration, not the skew
-                t = time.perf_counter()
+            losses = []
+            for _ in range(steps):
                 opt.zero_grad()
                 loss = nn.functional.mse_loss(model(x), y)
                 loss.backward()
                 opt.step()
-                times.append(time.perf_counter() - t)
                 losses.append(loss.item())
-                if rank == 0:
-                    queue.put((rank, "progress", (step + 1, warmup + steps, f"DDP {mode:>9}")))
-            out[mode] = {"losses": losses[warmup:], "seconds": statistics.median(times[warmup:]),
-                         "params": sum(p.numel() for p in model.parameters())}
+            out[mode] = {"losses": losses, "params": sum(p.numel() for p in model.parameters())}
             if state is not None:
                 state.close()
         dist.destroy_process_group()
@@ -76,17 +67,17 @@ def _ddp_worker(rank: int, queue, world: int, port: int, cfg_toml: str, steps: i
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_ddp(workers: int, *, steps: int, width: int, depth: int, warmup: int, k: int = 8192) -> list[dict]:
-    """Train with both hooks among ``workers`` processes; each rank's losses and median step time."""
+def run_ddp(workers: int, *, steps: int, width: int, depth: int, k: int = 8192) -> list[dict]:
+    """Train with the hook and with plain allreduce among ``workers`` processes; each rank's losses."""
     cfg = loopback_job(workers, values_per_packet=k)
     (port,) = free_ports(1, kind=socket.SOCK_STREAM)
     with SoftSwitch(cfg.switch, control=cfg.control) as sw:
         sw.add_job(cfg)
-        return run_processes(_ddp_worker, workers, (workers, port, cfg.to_toml(), steps, width, depth, warmup))
+        return run_processes(_ddp_worker, workers, (workers, port, cfg.to_toml(), steps, width, depth))
 
 
 def run_training_demo(workers: int = 2, steps: int = 8) -> int:
-    results = run_ddp(workers, steps=steps, width=64, depth=2, warmup=0)
+    results = run_ddp(workers, steps=steps, width=64, depth=2)
     ours, base = results[0]["switchagg"], results[0]["allreduce"]
     print(f"DDP training, {workers} ranks, {ours['params']} parameters, {steps} steps (rank 0's loss):")
     print("  step  allreduce   switchagg")
@@ -96,13 +87,3 @@ def run_training_demo(workers: int = 2, steps: int = 8) -> int:
     print(f"  final loss differs by {drift * 100:.3f}% (quantization of the gradients)")
     return 0 if drift < 0.01 else 1
 
-
-def run_ddp_bench(workers: int = 4, steps: int = 10, width: int = 1024, depth: int = 3) -> int:
-    results = run_ddp(workers, steps=steps, width=width, depth=depth, warmup=3)
-    ours = max(r["switchagg"]["seconds"] for r in results)
-    base = max(r["allreduce"]["seconds"] for r in results)
-    params = results[0]["switchagg"]["params"]
-    print(f"DDP: {workers} ranks, MLP {depth}x{width} ({params / 1e6:.2f} M parameters), median of {steps} "
-          f"iterations after 3 warm-up: gloo allreduce {base * 1e3:.1f} ms, switchagg hook {ours * 1e3:.1f} ms")
-    print(f"ratio_vs_gloo_ddp={base / ours:.3f}")
-    return 0

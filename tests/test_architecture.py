@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("client", "loopback", "torch_futures", "ddp", "distributed.options", "distributed.rendezvous",
      "distributed.group", "distributed.fsdp", "distributed"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
-     "benchmarks.loss", "benchmarks.throughput", "", "__main__", "switch"),  # programs
+     "benchmarks.loss", "benchmarks.throughput", "benchmarks.training", "", "__main__", "switch"),  # programs
 )
 
 

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from switchagg.benchmarks.throughput import codec_speed, run_bench, udp_ceiling
+from switchagg.benchmarks.training import run_training_bench
 from switchagg.transport import BATCHED_AVAILABLE
 
 pytest.importorskip("torch")  # the gloo baseline
@@ -44,3 +45,15 @@ def test_the_loss_bench_refuses_no_rounds_before_it_builds_anything():
 
     with pytest.raises(SwitchAggError, match="--rounds must be 1 or more, not 0"):
         run_loss_bench(rounds=0)
+
+
+def test_training_bench_prints_the_step_ratio_and_what_a_rank_receives(capsys):
+    """FSDP2's reduce-scatter brings a rank well under what DDP's all-reduce of the same model brings."""
+    received = {}
+    for kind in ("ddp", "fsdp"):
+        assert run_training_bench(kind, workers=2, steps=2, width=512, depth=2) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert re.fullmatch(rf"ratio_vs_gloo_{kind}=\d+\.\d{{3}}", lines[-2])
+        received[kind] = float(re.fullmatch(rf"received_vs_gradients_{kind}=(\d+\.\d{{3}})", lines[-1]).group(1))
+    assert received["ddp"] > 1.0  # every sum, with headers and the call rounds
+    assert received["fsdp"] < 0.75 * received["ddp"], received
