@@ -306,20 +306,20 @@ static int owner_of(const Stream *s, Py_ssize_t t) {
 }
 
 /* Data chunk d's values in x (calls.Layout.source): *n of them from the returned index. */
-static Py_ssize_t source_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
-    Py_ssize_t start = d * s->k, end = s->numel;
+static inline Py_ssize_t source_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
     if (s->scatter) {
-        Py_ssize_t owner = d / s->per_shard;
-        start = owner * s->shard + (d - owner * s->per_shard) * s->k;
-        end = (owner + 1) * s->shard;
+        Py_ssize_t owner = d / s->per_shard, at = (d - owner * s->per_shard) * s->k;
+        *n = s->shard - at < s->k ? s->shard - at : s->k;
+        return owner * s->shard + at;
     }
-    *n = end - start < s->k ? end - start : s->k;
+    Py_ssize_t start = d * s->k;
+    *n = s->numel - start < s->k ? s->numel - start : s->k;
     return start;
 }
 
 /* Where its sums go in out (calls.Layout.target): an allreduce's where they came from, a reduce-scatter's
  * at the chunk's place in the shard. */
-static Py_ssize_t target_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
+static inline Py_ssize_t target_of(const Stream *s, Py_ssize_t d, Py_ssize_t *n) {
     if (!s->scatter)
         return source_of(s, d, n);
     Py_ssize_t start = d % s->per_shard * s->k;
@@ -449,10 +449,9 @@ static int fill(Stream *s, double now) {
 /* Entry t's header: a CONTRIB proposing `proposal` with K values (a reduce-scatter's data chunk
  * marked with its owner), or a QUERY (no values, no owner). */
 static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int type, int proposal) {
-    int owner = type == TYPE_CONTRIB ? owner_of(s, t) : -1;
     row[OFF_VERSION] = VERSION;
     row[OFF_TYPE] = (unsigned char)type;
-    row[OFF_FLAGS] = (unsigned char)(s->copy_of[t] | (owner >= 0 ? FLAG_OWNER : 0));
+    row[OFF_FLAGS] = s->copy_of[t];
     row[OFF_WORKER] = s->worker;
     put16(row + OFF_JOB, s->job);
     put16(row + OFF_SLOT, s->slot_of[t]);
@@ -460,8 +459,12 @@ static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int 
     put32(row + OFF_GENERATION, s->generation);
     put32(row + OFF_KEY, s->key);
     row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
-    row[OFF_OWNER] = (unsigned char)(owner >= 0 ? owner : 0);
+    row[OFF_OWNER] = 0;
     put16(row + OFF_COUNT, type == TYPE_QUERY ? 0 : (uint16_t)s->k);
+    if (s->scatter && type == TYPE_CONTRIB && t >= s->rounds) {  /* an allreduce pays one test */
+        row[OFF_FLAGS] |= FLAG_OWNER;
+        row[OFF_OWNER] = (unsigned char)owner_of(s, t);
+    }
 }
 
 static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
@@ -586,10 +589,11 @@ static void cap_tail(Stream *s) {
  * K values where every rank receives the sum; a reduce-scatter's chunk's owner, and K values where this
  * rank owns it, none (a header) where another rank does. */
 static int result_fits(const Stream *s, const unsigned char *p, Py_ssize_t t) {
+    uint32_t owner_count = get32(p + OFF_EXPONENT) & 0xFFFFFF;  /* the owner byte, then the count */
     int owner = owner_of(s, t);
-    Py_ssize_t count = owner < 0 || owner == s->worker ? s->k : 0;
-    return (p[OFF_FLAGS] & FLAG_OWNER) == (owner >= 0 ? FLAG_OWNER : 0) && p[OFF_OWNER] == (owner >= 0 ? owner : 0)
-           && get16(p + OFF_COUNT) == count;
+    if (owner < 0)
+        return !(p[OFF_FLAGS] & FLAG_OWNER) && owner_count == (uint32_t)s->k;
+    return (p[OFF_FLAGS] & FLAG_OWNER) && owner_count == ((uint32_t)owner << 16 | (owner == s->worker ? (uint32_t)s->k : 0));
 }
 
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */

@@ -265,6 +265,34 @@ def test_every_rank_knows_a_marked_chunk_that_another_rank_owns(impl):
     assert [w.red.marked for w in ws] == [False, False, False]
 
 
+@pytest.mark.parametrize("shard", [0, 5, 16, 70])
+def test_the_torch_payloads_cut_a_reduce_scatter_as_the_numpy_ones_do(shard):
+    """The GPU path (TorchPayloads, run here on the CPU) proposes, encodes and decodes each chunk of a
+    reduce-scatter's layout bit for bit as the numpy path does, and hands back the shard."""
+    torch = pytest.importorskip("torch")
+    from switchagg.torch_payloads import TorchPayloads
+
+    k, n, rank = 16, 3, 1
+    layout = Layout.of(n * shard, k, n, "reduce_scatter")
+    x = data(1, n * shard, seed=shard)[0]
+    x[:3] = [0.0, np.inf, np.nan][:x.size]  # rank 0's first chunk marked, where there is one
+    ref = FloatPayloads(x, np.full(shard, -1, np.float32), k, n, layout)
+    got = TorchPayloads(torch.from_numpy(x.copy()), k, n, layout)
+    assert np.array_equal(got.proposals(), ref.proposals()) and got.proposals().size == layout.n_chunks
+    for chunk, e in enumerate(ref.proposals().tolist()):
+        wire, mine = np.empty(k, ">i4"), np.full(k, -1, ">i4")
+        ref.encode(chunk, e, wire)
+        got.encode(chunk, e, mine)
+        assert np.array_equal(mine, wire)
+        if layout.owner(chunk) == rank:
+            ref.decode(chunk, e, wire)
+            got.decode(chunk, e, wire)
+    assert got.out.numpy().tobytes() == ref.out.tobytes()
+    assert np.all(ref.out != -1) or shard == 0  # every value of the shard was written
+    like = torch.zeros(n * shard, dtype=torch.float16)
+    assert got.result(like, mean=False, shape=(shard,)).shape == (shard,)
+
+
 # ---- a switch that gets ownership wrong -----------------------------------------------------------------
 
 
