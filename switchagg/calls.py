@@ -130,8 +130,11 @@ class CallDescriptor:
     def rounds(self, k: int, slots: int, n_workers: int) -> int:
         """Packets of this call's call round: one per slot it uses, at least one."""
         chunks = 0
-        if not self.failed:  # a reduce-scatter's length is a multiple of n (its caller checks), else it failed
-            chunks = Layout.of(self.length - self.length % n_workers, k, n_workers, self.collective).n_chunks
+        if not self.failed:
+            # a reduce-scatter's length is a multiple of n (its caller checks, else it failed): a descriptor
+            # read from a foreign sum that says otherwise counts the whole shards it has
+            length = self.length - self.length % n_workers if self.collective == "reduce_scatter" else self.length
+            chunks = Layout.of(length, k, n_workers, self.collective).n_chunks
         return max(1, min(slots, chunks))
 
     def __str__(self) -> str:

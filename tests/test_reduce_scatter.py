@@ -138,11 +138,15 @@ def test_an_allreduce_and_a_reduce_scatter_of_the_same_tensor_are_different_call
     assert "rank 1: call #3: reduce_scatter of 96 float values" in str(error)
 
 
-@pytest.mark.parametrize("length, n, expect", [(32, 2, 4), (30, 3, 6), (3, 3, 3), (0, 2, 1), (9000, 3, 16)])
-def test_a_reduce_scatters_call_round_covers_its_padded_chunks(length, n, expect):
-    """K = 8, 16 slots: 32 values over 2 ranks are 4 chunks (as an allreduce's), 30 over 3 are 3 x 2
-    (an allreduce's 4), 3 over 3 are 3 chunks of one value, not one of three; at most a round per slot."""
-    desc = CallDescriptor(0, length, "float", collective="reduce_scatter")
+@pytest.mark.parametrize("collective, length, n, expect", [
+    ("reduce_scatter", 32, 2, 4), ("reduce_scatter", 30, 3, 6), ("reduce_scatter", 3, 3, 3),
+    ("reduce_scatter", 0, 2, 1), ("reduce_scatter", 9000, 3, 16), ("allreduce", 30, 3, 4), ("allreduce", 17, 2, 3),
+    ("allreduce", 3, 3, 1)])
+def test_a_calls_round_covers_its_chunks(collective, length, n, expect):
+    """K = 8, 16 slots: a reduce-scatter of 32 values over 2 ranks is 4 chunks (as an allreduce's), of
+    30 over 3 is 3 x 2 (an allreduce's 4), of 3 over 3 is 3 chunks of one value (an allreduce's one);
+    at most a round per slot. An allreduce's length need not divide."""
+    desc = CallDescriptor(0, length, "float", collective=collective)
     assert desc.rounds(8, 16, n) == expect
     row = np.sum([calls.rows(desc, r, n, 8)[0].astype(np.int64) for r in range(n)], axis=0)
     assert calls.footprint(row.astype(">i4").tobytes(), n, 8, 16) == expect
