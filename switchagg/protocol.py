@@ -1,6 +1,6 @@
 """The worker's side of the streaming protocol, as sans-I/O state machines.
 
-:class:`Reduction` is one allreduce call: it decides which packet goes out when,
+:class:`Reduction` is one allreduce or reduce-scatter call: it decides which packet goes out when,
 takes the results that come back, and raises when the job never starts or
 stops making progress. It owns no socket and reads no clock: the caller feeds
 it packets and the current time and sends what it puts in :attr:`Reduction.outbox`,
@@ -20,6 +20,13 @@ proposes the exponent of chunk ``d + S``. A slot's next use goes out only when
 its previous result is back (self-clocking), and at most ``Window.size`` packets
 are outstanding. The join handshake's sums (:mod:`switchagg.session`) run without
 a call round (``call=None``).
+
+A reduce-scatter (``layout``, :class:`~switchagg.calls.Layout`) runs the very same schedule over
+its own chunks, each rank's shard cut apart; its data chunks name their owner (``FLAG_OWNER``),
+and the switch sends each sum whole to the owner alone and the RESULT's header (count 0, the
+slot's next exponent) to the others, which completes the chunk there as a sum does: windows,
+timers, retransmissions and queries are unchanged. A result whose owner or count is not its
+chunk's is a switch's error: counted, never decoded.
 
 :class:`NativeReduction` is the same state machine in C (``switchagg/_stream.c``) for numpy
 data, which is what a client runs on the CPU: per packet it costs a fraction of the Python.
@@ -82,7 +89,8 @@ class Payloads(Protocol):
         """Write data chunk ``chunk`` into ``out`` as K big-endian int32, quantized with ``exponent``."""
 
     def decode(self, chunk: int, exponent: int, sums: Buffer) -> None:
-        """Store the summed data chunk ``chunk`` (quantized with ``exponent``): K big-endian int32."""
+        """Store the summed data chunk ``chunk`` (quantized with ``exponent``): K big-endian int32. A
+        reduce-scatter decodes only the chunks this rank owns, into its shard."""
 
 
 LOSS_SHARE = 1 / 8  # packets sent once whose timers ran out within a round trip, as a share of the window: congestion
