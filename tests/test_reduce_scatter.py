@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchagg import Client, QuantizationError, calls, codec
+from switchagg import Client, QuantizationError, SoftSwitch, calls, codec
 from switchagg.calls import CallDescriptor, Layout
 from switchagg.errors import PeerFailed
 from switchagg.payloads import FloatPayloads, Int32Payloads
@@ -20,7 +20,7 @@ from switchagg.protocol import Window
 from switchagg.switch.model import SwitchModel
 from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
 
-from .conftest import run_ranks
+from .conftest import loopback_config, run_ranks
 from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet
 
 
@@ -558,3 +558,17 @@ def test_cuda_tensors_reduce_scatter_on_the_device(make_job):
     for rank, (got,) in enumerate(out):
         assert got.device.type == "cuda" and got.shape == (5001,)
         assert torch.allclose(got, exact[rank * 5001:(rank + 1) * 5001], atol=1e-5)
+
+
+def test_the_pure_model_serves_the_same_shards_as_the_c_switch():
+    """SoftSwitch(native=False) serves with SwitchModel itself: the same bits of every shard come back."""
+    n = 3
+    xs = data(n, n * 7001, seed=4)
+    results = []
+    for native in (True, False):
+        with SoftSwitch(("127.0.0.1", 0), native=native) as sw:
+            cfg = loopback_config(n, switch_port=sw.address[1], k=512, slot_count=8)
+            sw.add_job(cfg)
+            results.append(on_ranks(cfg, [[lambda c: c.reduce_scatter(xs[c.rank])]] * n))
+            assert sw.counters()["jobs"][cfg.job_id]["results_to_owner"] == n * 14 and sw.error is None
+    assert [o[0].tobytes() for o in results[0]] == [o[0].tobytes() for o in results[1]]
