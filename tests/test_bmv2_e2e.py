@@ -136,3 +136,42 @@ def test_mismatched_calls_raise_on_every_rank_through_the_p4_program(bed, job, t
     for r in range(N):
         assert procs[r].returncode != 0 and "CallMismatch" in errs[r], errs[r][-3000:]
         assert f"{SIZE} " in errs[r] and f"{SIZE + 1} " in errs[r], errs[r][-3000:]
+
+
+def test_the_torch_backend_deploys_its_own_job_on_bmv2_and_trains(bed, job, tmp_path):
+    """init_process_group("switchagg") with SWITCHAGG_TARGET=bmv2: rank 0 reads the deployed jobs over
+    P4Runtime, deploys its own beside the fixture's, the ranks sum and train through the P4 program, and
+    destroy_process_group removes the job again."""
+    pytest.importorskip("torch")
+    from switchagg.targets import bmv2
+
+    from .nsforward import NamespaceForwarder
+
+    cfg, _ = job
+    target = bmv2.Bmv2Target(bed.grpc_addr)
+    before = target.jobs()
+    assert before == {cfg.job_id: (cfg.slot_base, cfg.slot_count)}
+    port = int(bed.grpc_addr.rpartition(":")[2])
+    with NamespaceForwarder(bed.host(0), ("127.0.0.1", port)) as p4runtime:
+        def env(r: int) -> dict[str, str]:
+            w = cfg.workers[r]
+            return dict(ENV, SWITCHAGG_TARGET="bmv2", SWITCHAGG_SWITCH=str(cfg.switch),
+                        SWITCHAGG_CONTROL=f"127.0.0.1:{p4runtime.port}", SWITCHAGG_SLOTS="32",
+                        SWITCHAGG_MAC=w.mac, SWITCHAGG_SWITCH_PORT=str(w.switch_port))
+
+        master = f"{bed.host_ip(0)}:29518"
+        procs = [bed.exec(r, [sys.executable, "-m", "tests.bmv2_backend_worker", str(r), str(N), master,
+                              str(tmp_path / f"{r}.npz")], cwd=ROOT, env=env(r), stderr=subprocess.PIPE, text=True)
+                 for r in range(N)]
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err[-3000:]
+    runs = [np.load(tmp_path / f"{r}.npz") for r in range(N)]
+    job_id, slots = int(runs[0]["job"]), tuple(runs[0]["slots"])
+    assert job_id != cfg.job_id and slots == (cfg.slot_base + cfg.slot_count, 32)  # beside the fixture's job
+    expected = np.arange(3000, dtype=np.int32) * sum(range(1, N + 1))
+    for r in runs:
+        assert np.array_equal(r["ints"], expected)
+        assert np.array_equal(r["params"], runs[0]["params"])
+        assert r["losses"][-1] < r["losses"][0]
+    assert target.jobs() == before  # destroy_process_group removed it

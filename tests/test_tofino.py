@@ -122,10 +122,12 @@ def test_two_jobs_get_their_own_groups_and_slots_do_not_overlap(switch):
     target.deploy(p4_job(4, job_id=2, slot_base=32, ports=[3, 4, 5, 6]))
     groups = sorted(r.key["$MGID"] for r in session.entries(tofino.PRE_MGID))
     assert groups == [1, 2, tofino.FLOOD_GROUP]
+    assert target.jobs() == {1: (0, 32), 2: (32, 32)}  # where a process group's job would fit
     with pytest.raises(ConfigError, match="overlap"):
         target.deploy(p4_job(2, job_id=3, slot_base=16))
     target.undeploy(1)
     assert target.status(2).installed and target.status(2).n_workers == 4
+    assert target.jobs() == {2: (32, 32)}
 
 
 def test_a_job_across_pipes_is_refused():

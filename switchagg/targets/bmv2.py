@@ -216,6 +216,11 @@ class Bmv2Target(Target):
                     e.delete()
             sh.MulticastGroupEntry(group).delete()
 
+    def jobs(self) -> dict[int, tuple[int, int]]:
+        """The deployed jobs' slot ranges, read back from the admission table (a table read, not a register)."""
+        with self._session() as sh, _no_exit("reading the deployed jobs"):
+            return {j: (rows[0].slot_base, rows[0].params.slot_count) for j, (_, rows) in _deployed(sh).items()}
+
     def status(self, job_id: int) -> JobStatus:
         """Counters read over P4Runtime (BMv2 reads no registers there: none are needed)."""
         with self._session() as sh, _no_exit("reading counters"):

@@ -178,6 +178,11 @@ class TofinoTarget(Target):
                 s.delete(REPLICA, {"rid": rid})
                 s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
 
+    def jobs(self) -> dict[int, tuple[int, int]]:
+        """The deployed jobs' slot ranges, read back from the admission table."""
+        with self._session() as s:
+            return {j: (rows[0].slot_base, rows[0].params.slot_count) for j, rows in _deployed(s).items()}
+
     def status(self, job_id: int) -> JobStatus:
         """Counters read over BfRt; the job's parameters from its admission entries."""
         with self._session() as s:
