@@ -49,8 +49,8 @@ class Options:
     control port; BMv2's P4Runtime or Tofino's BfRt address, each with its default), ``target`` which
     kind of switch it is. ``config`` names a job file instead, for those who keep one: its switch,
     job and workers are used as they are (rank i is worker i). The job's id and slots are picked
-    from what the switch has free unless given (the P4 targets, which cannot list their jobs, need
-    them). ``mac`` and ``switch_port`` are this rank's, for the P4 targets' tables. ``all_gather``:
+    from what the switch has free unless given. ``mac`` and ``switch_port`` are this rank's, for the
+    P4 targets' tables. ``all_gather``:
     ``"delegate"`` (the fallback group, the faster here: see the README) or ``"switch"``.
     """
 
