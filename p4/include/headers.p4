@@ -39,7 +39,7 @@ header udp_h {
 header switchagg_h {
     bit<8>  version;
     bit<8>  type;
-    bit<8>  flags;       /* bit 0: the slot's shadow copy; bits 1-7 must be 0 */
+    bit<8>  flags;       /* bit 0: the slot's shadow copy; bit 1: FLAG_OWNER (owner below); bits 2-7 must be 0 */
     bit<8>  worker;      /* rank 0..31; in a RESULT, the recipient */
     bit<16> job;
     bit<16> slot;        /* within the job's range */
@@ -47,7 +47,7 @@ header switchagg_h {
     bit<32> generation;
     bit<32> key;
     int<8>  exponent;    /* the proposal (CONTRIB) or the maximum kept (RESULT); -128: none */
-    bit<8>  owner;
+    bit<8>  owner;       /* with FLAG_OWNER, the rank a reduce-scatter's sum goes to whole; else 0 */
     bit<16> count;       /* K, the int32 values that follow */
 }
 
