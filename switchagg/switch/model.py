@@ -248,12 +248,12 @@ class SwitchModel:
         # RESULT's header with count 0, which frees its slot and carries the next exponent. The flag and
         # the owner are the packet's (the completing one's, or the repeat's): all ranks mark a chunk alike.
         to_owner = bool(h.flags & FLAG_OWNER)
-        result = self._snapshot(row)
         if repeat:
             counters[JobCounter.RESULTS_UNICAST] += 1
             if to_owner and h.worker != h.owner:
                 return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent, count=0), None)]
-            return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), result)]
+            return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), self._snapshot(row))]
+        result = self._snapshot(row)
         counters[JobCounter.CONTRIBUTIONS] += 1
         counters[JobCounter.RESULTS_TO_OWNER if to_owner else JobCounter.RESULTS_MULTICAST] += 1
         # One replica per worker, each with its rank in the worker field (as the P4 egress writes it).
