@@ -16,11 +16,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from switchagg import netns
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.loopback import free_ports
 from switchagg.targets.p4c import Pipeline, build, find_tool
-
-from . import netns
 
 RUN_DIR = Path("/run/switchagg-bmv2")  # the beds' state and BMv2's output, by prefix
 

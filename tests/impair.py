@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 
-from bmv2_env import netns
+from switchagg import netns
 
 
 def nft_impair(ns: str, *, loss: int = 0, dup: int = 0, dup_to: str | None = None, dev: str = "eth0",

@@ -12,7 +12,7 @@ import contextlib
 import socket
 import threading
 
-from bmv2_env import netns
+from switchagg import netns
 
 
 class NamespaceForwarder:

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "switchagg"
 
 # The layers, lowest first: a module may import from its own layer's lower modules and from layers below.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("wire", "errors", "transport", "scheduling"),  # the format, the errors, the sockets, the I/O thread's policy
+    ("wire", "errors", "transport", "scheduling", "netns"),  # the format, the errors, the sockets, the I/O
+    # thread's policy, network namespaces (the loss bench's and the BMv2 bed's)
     ("codec", "calls", "session", "protocol", "config", "jobs", "frames", "scapy_layer", "torch_payloads",
      "payloads"),  # sans-I/O core
     ("switch.records", "switch.model", "switch.native", "switch.control", "switch.control_client",

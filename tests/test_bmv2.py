@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
+from switchagg import netns
 from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel

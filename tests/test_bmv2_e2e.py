@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
+from switchagg import netns
 
 from .conftest import assert_segmented, need
 from .impair import nft_impair

@@ -42,7 +42,7 @@ def missing() -> str | None:
 @pytest.fixture(scope="module")
 def topology():
     need("netns", missing())
-    from bmv2_env import netns
+    from switchagg import netns
 
     prefix = "san"
     for ns in netns.namespaces(prefix):
@@ -104,7 +104,7 @@ def test_loss_duplication_and_reordering_leave_results_bit_exact(topology, tmp_p
     try:
         impaired, relay = run_job(prefix, cfg, tmp_path / "bad", jitter=0.003, seed=2)
     finally:
-        from bmv2_env import netns
+        from switchagg import netns
 
         for i in range(N):
             netns.sh("nft", "delete", "table", "ip", "sa", ns=f"{prefix}-w{i}", check=False)

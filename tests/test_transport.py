@@ -247,7 +247,7 @@ def test_a_refused_segmentation_falls_back_to_plain_datagrams_and_says_why():
     from .conftest import need
 
     need("netns", None if os.geteuid() == 0 and shutil.which("ip") else "needs root and `ip` for a namespace")
-    from bmv2_env import netns
+    from switchagg import netns
 
     ns = "sag-refuse"
     netns.delete_namespace(ns)

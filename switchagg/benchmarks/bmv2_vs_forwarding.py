@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bmv2_env import netns
 from bmv2_env.testbed import TestBed, missing_prerequisites
 
+from .. import netns
 from ..frames import udp_headers
 from ..targets import bmv2
 from ..targets.p4c import Pipeline, find_tool

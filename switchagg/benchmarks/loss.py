@@ -128,7 +128,7 @@ def _ns(i: int | None) -> str:
 
 
 def _topology(n: int) -> JobConfig:
-    from bmv2_env import netns
+    from .. import netns
 
     _teardown()
     sw = _ns(None)
@@ -147,7 +147,7 @@ def _topology(n: int) -> JobConfig:
 
 
 def _teardown() -> None:
-    from bmv2_env import netns
+    from .. import netns
 
     for ns in netns.namespaces(PREFIX):
         netns.delete_namespace(ns)
@@ -160,7 +160,7 @@ def _impair(n: int, rate: float, dup: int) -> None:
     as under loss (the lossless run took about 6% longer with it than without any rule), so that
     the ratios measure what the loss costs, not the means of making it.
     """
-    from bmv2_env import netns
+    from .. import netns
 
     for i in [None, *range(n)]:
         ns = _ns(i)
@@ -177,7 +177,7 @@ def _impair(n: int, rate: float, dup: int) -> None:
 
 
 def _dropped(n: int) -> int:
-    from bmv2_env import netns
+    from .. import netns
 
     total = 0
     for i in [None, *range(n)]:
