@@ -5,7 +5,7 @@ PYTHON ?= python3
 
 $(VENV)/.installed: pyproject.toml $(wildcard switchagg/*.c switchagg/*.h)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[torch,p4,bench,dev]'
+	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[torch,p4,bench,dev,examples]'
 	touch $@
 
 .PHONY: install demo test lint

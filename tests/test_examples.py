@@ -1,0 +1,59 @@
+"""The examples run as their docstrings say: torchrun (DDP and FSDP2), Lightning, accelerate, against a
+switch that takes jobs through its control port. Lightning and accelerate come with the `examples`
+extra; without them their tests skip."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from switchagg.loopback import free_ports, spawn_switch
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
+
+
+@pytest.fixture
+def env(tmp_path) -> Iterator[dict[str, str]]:
+    udp, control = free_ports(1)[0], free_ports(1, socket.SOCK_STREAM)[0]
+    proc, _ = spawn_switch(None, tmp_path / "ready.json", stdout=subprocess.DEVNULL,
+                           switch_args=("--address", f"127.0.0.1:{udp}", "--control", f"127.0.0.1:{control}"))
+    yield dict(os.environ, SWITCHAGG_SWITCH=f"127.0.0.1:{udp}", SWITCHAGG_CONTROL=f"127.0.0.1:{control}",
+               PYTHONPATH=str(ROOT))
+    proc.terminate()
+    proc.wait(10)
+
+
+def run(argv: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_torchrun_script_trains_through_the_switch(env, mode):
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    out = run([*TORCHRUN, str(port), "examples/train.py", "--steps", "60", *mode], env)
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
+    assert len(losses) == 3 and losses[-1] < losses[0], out
+
+
+def test_lightning_ddp_on_cpu(env):
+    pytest.importorskip("lightning", reason="Lightning comes with the examples extra: "
+                                           "pip install 'switchagg[examples]'")
+    run([sys.executable, "examples/lightning_ddp.py"], env)
+
+
+def test_accelerate_on_cpu(env):
+    pytest.importorskip("accelerate", reason="accelerate comes with the examples extra: "
+                                             "pip install 'switchagg[examples]'")
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    out = run([*TORCHRUN, str(port), "examples/accelerate_train.py"], env)
+    assert "process group backend: switchagg" in out, out
