@@ -2,8 +2,8 @@
 
 An embedded switch and ``workers`` processes that allreduce seeded random tensors
 and check every result against numpy within the codec's error bound. The command
-then runs (with torch installed) a few DDP training steps with the switchagg comm
-hook next to the same steps with plain allreduce (:mod:`switchagg.ddp_demo`).
+then runs (with torch installed) a few DDP training steps through the switchagg backend
+next to the same steps over gloo (:mod:`switchagg.ddp_demo`).
 """
 
 from __future__ import annotations

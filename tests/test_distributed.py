@@ -150,3 +150,13 @@ def test_a_switch_that_does_not_answer_is_an_error_on_every_rank_and_leaves_no_j
     for got in out:
         assert got["error"].startswith("SwitchAggError: switchagg cannot start this process group"), got["error"]
     assert sw.jobs() == {}
+
+
+def test_the_demo_trains_through_the_backend_next_to_gloo(capsys):
+    from switchagg.ddp_demo import run_training_demo
+
+    assert run_training_demo(workers=2, steps=3) == 0
+    out = capsys.readouterr().out
+    assert 'init_process_group("switchagg") against gloo' in out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2] and all(len(r) == 3 for r in rows)
