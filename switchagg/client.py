@@ -22,13 +22,15 @@ import numpy as np
 from . import calls
 from .calls import CallDescriptor
 from .config import JobConfig
+from .diagnosis import ASK_TRIES, ASK_WAIT, Diagnosis
 from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, StallError, SwitchAggError
 from .payloads import Int32Payloads, Prepared, Request, array_payloads, check_op, flat_payloads, is_tensor
-from .protocol import NativeReduction, Reduction, StreamParams, Window
+from .protocol import NativeReduction, Reduction, StreamParams
 from .scheduling import batch_scheduling
 from .session import Join
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
+from .window import Window
 from .wire import (
     HEADER_SIZE,
     IP_UDP_OVERHEAD,
@@ -42,7 +44,6 @@ from .wire import (
 
 _U32 = 0xFFFFFFFF
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
-_ASK_WAIT = 0.15  # s: how long a stalled call waits for the switch's answers to its QUERYs, twice
 _WAKE = 0.2  # s: the longest the client's thread waits on its socket before it looks whether it is closing
 NONFINITE = ("propagate", "raise")
 
@@ -403,66 +404,31 @@ class Client:
             self.protocol_errors += red.protocol_errors
 
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
-        """Which workers the stuck slots still wait for: from the switch's control port where the
-        config names one (the embedded switch), else from the switch's answers to a QUERY."""
-        cfg = self.config
-        pending = red.pending()[:4]
-        if cfg.control is None:
-            return self._ask_switch(red, pending)
+        """Which workers the stuck slots still wait for (:mod:`switchagg.diagnosis`): from the switch's
+        control port where the config names one (the embedded switch), else from its answers to QUERYs."""
+        diagnosis = Diagnosis(red.params, red.pending())
+        if not diagnosis.stuck:
+            return ""
+        if self.config.control is None:
+            return self._ask_switch(diagnosis)
         try:
-            states = request(cfg.control, {"op": "slots", "job": cfg.job_id,
-                                                   "slots": [s for _, s, _ in pending]})["slots"]
+            states = request(self.config.control, diagnosis.slots_request())["slots"]
         except SwitchAggError as exc:
             return f" The switch's control port did not answer either: {exc}"
-        notes = []
-        for chunk, slot, copy in pending:
-            state = states[str(slot)][copy]
-            if (state["generation"], state["chunk"]) == (red.params.generation, chunk):
-                missing = [r for r in range(cfg.n_workers) if not state["bitmap"] >> r & 1]
-                notes.append(f"chunk {chunk} still waits for workers {missing}")
-            else:
-                notes.append(f"chunk {chunk} never reached the switch (slot {slot} copy {copy} "
-                             f"holds chunk {state['chunk']})")
-        return " The switch says: " + "; ".join(notes) + "."
+        return diagnosis.from_slots(states)
 
-    def _ask_switch(self, red: Reduction | NativeReduction, pending: list[tuple[int, int, int]]) -> str:
-        """Ask the switch which workers each stuck chunk's copy has counted: a QUERY about each (every
-        target answers one, with a PENDING, whatever the job's loss_recovery), sent twice in case one
-        is lost; a switch that answers none is down or cut off."""
-        cfg = self.config
-        if not pending:
-            return ""
-        asked = {chunk: (slot, copy) for chunk, slot, copy in pending}
-        queries = [((make_header(PacketType.QUERY, job=cfg.job_id, worker=self.rank, slot=slot, copy=copy,
-                                 chunk=chunk, generation=red.params.generation, key=cfg.key).pack(),), None)
-                   for chunk, (slot, copy) in asked.items()]
-        bitmaps: dict[int, int] = {}
-        for _ in range(2):
+    def _ask_switch(self, diagnosis: Diagnosis) -> str:
+        """Send the diagnosis's QUERYs, :data:`~switchagg.diagnosis.ASK_TRIES` times until every one is
+        answered, and hand it the answers that come."""
+        queries = [((query,), None) for query in diagnosis.queries()]
+        for _ in range(ASK_TRIES):
             self._sock.send(queries)
-            for h in self._replies(time.monotonic() + _ASK_WAIT):
-                if (h.type == PacketType.PENDING and h.job == cfg.job_id and h.worker == self.rank
-                        and h.generation == red.params.generation and asked.get(h.chunk) == (h.slot, h.copy)):
-                    bitmaps[h.chunk] = h.key
-                    if len(bitmaps) == len(asked):
-                        break
-            if len(bitmaps) == len(asked):
+            for h in self._replies(time.monotonic() + ASK_WAIT):
+                if diagnosis.receive(h) and diagnosis.answered:
+                    break
+            if diagnosis.answered:
                 break
-        if not bitmaps:
-            return (f" The switch at {cfg.switch} answered none of {len(asked)} QUERYs either: it is down, "
-                    "this worker cannot reach it, or it no longer has this job (`switchagg status`).")
-        notes = []
-        for chunk in asked:
-            bitmap = bitmaps.get(chunk)
-            if bitmap is None:
-                notes.append(f"chunk {chunk}: no answer")
-            elif bitmap == 0:
-                notes.append(f"no worker's contribution of chunk {chunk} reached the switch")
-            elif bitmap == (1 << cfg.n_workers) - 1:
-                notes.append(f"chunk {chunk} is summed, but its result does not reach this worker")
-            else:
-                notes.append(f"chunk {chunk} waits for workers "
-                             f"{[r for r in range(cfg.n_workers) if not bitmap >> r & 1]}")
-        return " The switch answers: " + "; ".join(notes) + "."
+        return diagnosis.from_answers(str(self.config.switch))
 
 
 

@@ -5,8 +5,8 @@ takes the results that come back, and raises when the job never starts or
 stops making progress. It owns no socket and reads no clock: the caller feeds
 it packets and the current time and sends what it puts in :attr:`Reduction.outbox`,
 having :meth:`Reduction.encode` write each packet's values where it will send them from.
-:class:`Window` carries the congestion window and the round-trip estimate from
-one call to the next.
+A :class:`~switchagg.window.Window` carries the congestion window and the round-trip
+estimates from one call to the next.
 
 The schedule (``docs/protocol.md`` has the whole story): a call of ``N`` data
 chunks over a job with ``S`` slots first sends a call round, one packet per slot
@@ -48,6 +48,7 @@ import numpy as np
 from . import _native
 from .calls import Layout
 from .errors import JobNotStarted, StallError
+from .window import Window
 from .wire import (
     EXP_NONE,
     EXP_NONFINITE,
@@ -93,234 +94,10 @@ class Payloads(Protocol):
         reduce-scatter decodes only the chunks this rank owns, into its shard."""
 
 
-LOSS_SHARE = 1 / 8  # packets sent once whose timers ran out within a round trip, as a share of the window: congestion
-QUEUE_LIMIT = 0.032  # s: the most queueing (round trip over the shortest ever seen) the window stands
-LOSS_QUEUE = 0.0004  # s: on a lossy path, the queueing it stands times the share of packets lost
-DELAY_SAMPLES = 4  # results, at least, whose shortest round trip judges the queue
-DELAY_BETA = 0.8  # the window backs off by this share of the round trip queued beyond what it stands
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
-MIN_RESEND = 0.002  # s: the least a resent packet waits for its result (Window.resend_timeout)
-TAIL_RTTS = 4  # shortest round trips, the most a packet resent at a call's tail waits (Window.tail_timeout)
-RESEND_DEVIATIONS = 3  # a resent packet waits the smoothed wait of those before it and this many deviations
-MIN_PROBE = 0.01  # s: the shortest silence after which a call probes (Window.probe_timeout)
-MIN_PROBE_LOSSY = 0.003  # s: the same on a path that lost packets in the last round trip judged
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
 SENT, ASKED, WAITING = 0, 1, 2  # a packet out: its data sent; a QUERY sent; a peer's missing (the switch said)
-
-
-class WindowState(NamedTuple):
-    """Everything a :class:`Window` knows, as one record: what the C stream (``_stream.c``) takes from
-    :meth:`Window.state` at a call's start and gives back to :meth:`Window.restore` when it changes."""
-
-    cwnd: float
-    ssthresh: float
-    min_rto: float
-    max_rto: float
-    rto: float
-    srtt: float | None
-    rttvar: float
-    recovery_until: float
-    cwnd_before_loss: float
-    min_rtt: float
-    epoch_end: float
-    epoch_losses: float
-    delay_until: float
-    delay_min: float
-    delay_samples: int
-    losses_seen: int
-    lossy: bool
-    recent_rtt: float
-    resend_wait: float
-    resend_dev: float
-    losses: int
-    max_size: int
-
-
-class Window:
-    """The congestion window and the timers' estimates, carried from one call to the next.
-
-    It lives as long as the client, so a call starts with what the last one learned.
-    Slow start doubles the window each round trip until the first congestion; after that
-    it grows by one per round trip. Random loss is not congestion, a queue is: once per round
-    trip, when even its shortest round trip shows more queueing than the window stands, it
-    backs off by that excess's share (at most half). It stands :data:`QUEUE_LIMIT` of queue
-    (a busy host's batches: a larger window costs less CPU per packet), and on a lossy path
-    less, :data:`LOSS_QUEUE` over the share of packets lost, since every loss recovery waits
-    behind the queue. It also halves when more than :data:`LOSS_SHARE` of it times out within
-    a round trip (a burst, not the scattered losses that RACK finds, which leave it alone).
-    So a few percent of loss never collapses it.
-
-    Three waits come from it: the RTO of a packet sent once (Jacobson/Karels, at least
-    ``min_rto``), :attr:`resend_timeout` for a packet resent, and :attr:`probe_timeout`.
-    """
-
-    def __init__(self, max_size: int, *, initial: int = 4, min_rto: float = 0.05,
-                 initial_rto: float = 0.1, max_rto: float = 1.0) -> None:
-        self.max_size = max_size
-        self.cwnd = float(min(initial, max_size))
-        self.ssthresh = float(max_size)
-        self.min_rto, self.max_rto = min_rto, max_rto
-        self.rto = initial_rto
-        self.srtt: float | None = None
-        self.rttvar = 0.0
-        self._recovery_until = -math.inf
-        self._cwnd_before_loss = self.cwnd
-        self.min_rtt = math.inf
-        self.losses = 0
-        self._epoch_end = -math.inf  # the round trip whose timeouts are being counted ends here
-        self._epoch_losses = 0
-        self._delay_until = -math.inf  # the round trip whose shortest round trip is being taken ends here
-        self._delay_min = math.inf
-        self._delay_samples = 0
-        self._losses_seen = 0  # losses counted when the last round trip's queue was judged
-        self.lossy = False  # whether that round trip lost packets (the probe's floor is lower then)
-        self.recent_rtt = math.inf  # the shortest round trip of recent ones (fast down, slowly up)
-        self.resend_wait = math.inf  # from a packet's first resend to its result, smoothed
-        self.resend_dev = 0.0  # and its mean deviation
-
-    @property
-    def size(self) -> int:
-        return max(1, int(self.cwnd))
-
-    def state(self) -> WindowState:
-        return WindowState(self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar,
-                           self._recovery_until, self._cwnd_before_loss, self.min_rtt, self._epoch_end,
-                           self._epoch_losses, self._delay_until, self._delay_min, self._delay_samples,
-                           self._losses_seen, self.lossy, self.recent_rtt, self.resend_wait, self.resend_dev,
-                           self.losses, self.max_size)
-
-    def restore(self, state: WindowState | tuple) -> None:
-        (self.cwnd, self.ssthresh, self.min_rto, self.max_rto, self.rto, self.srtt, self.rttvar, self._recovery_until,
-         self._cwnd_before_loss, self.min_rtt, self._epoch_end, self._epoch_losses, self._delay_until,
-         self._delay_min, self._delay_samples, self._losses_seen, self.lossy, self.recent_rtt, self.resend_wait,
-         self.resend_dev, self.losses, self.max_size) = state
-
-    def on_result(self, rtt: float, now: float, settled: bool = True) -> None:
-        """A result ``rtt`` seconds after its packet's one send, at ``now``: learn, and grow the window,
-        or shrink it when even the shortest round trip of the last one shows more queue than it stands.
-
-        ``settled``: the packet left after its call's first result, so its round trip holds no wait
-        for peers still on their way to the call; only those round trips tell of a queue.
-        """
-        if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.min_rtt = min(self.min_rtt, rtt)
-        # At least 1.5 round trips: a result also waits for the slowest peer's packet.
-        self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
-        if settled:
-            if not self._delay_samples:  # a round trip's results are taken from the first one on, for two
-                # recent round trips: after a peer's stall, the burst of late results that ends it and
-                # the results of what left after it, not only the burst
-                self._delay_until = now + 2 * min(rtt, self.recent_rtt)
-            self._delay_min = min(self._delay_min, rtt)
-            self._delay_samples += 1
-            if self._delay_samples >= DELAY_SAMPLES and now >= self._delay_until:
-                # Its shortest round trip is the queue's (a result that waited for a peer, stalled or
-                # resending a lost contribution, is never the shortest of many).
-                low = self._delay_min
-                self.recent_rtt = low if low < self.recent_rtt else 0.875 * self.recent_rtt + 0.125 * low
-                lost = self.losses - self._losses_seen  # the queue it stands: less, the more it loses
-                stood = min(QUEUE_LIMIT, LOSS_QUEUE * (lost + self._delay_samples) / lost) if lost else QUEUE_LIMIT
-                self._delay_min, self._delay_samples, self._losses_seen, self.lossy = math.inf, 0, self.losses, lost > 0
-                queue = low - self.min_rtt - stood
-                if queue > 0:
-                    self.cwnd = max(1.0, self.cwnd * max(0.5, 1 - DELAY_BETA * queue / low))
-                    self.ssthresh = self.cwnd
-                    return
-        growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
-        self.cwnd = min(float(self.max_size), self.cwnd + growth)
-
-    def on_resend_result(self, wait: float) -> None:
-        """A resent packet's result came ``wait`` seconds after its first resend (which may have had to
-        wait for a peer to resend its own contribution too)."""
-        # one long stall must not stretch the next many waits
-        wait = min(wait, 2 * (self.probe_timeout if self.resend_wait == math.inf else self.resend_wait))
-        if self.resend_wait == math.inf:
-            self.resend_wait, self.resend_dev = wait, wait / 2
-            return
-        self.resend_dev = 0.75 * self.resend_dev + 0.25 * abs(self.resend_wait - wait)
-        self.resend_wait = 0.875 * self.resend_wait + 0.125 * wait
-
-    def is_spurious(self, since_last_send: float) -> bool:
-        """A result sooner after a retransmission than any round trip answers the original: the timeout was early.
-
-        No real loss then, only a peer that was slow (on a busy host, one descheduled
-        for a few milliseconds): :meth:`undo` takes the window reduction back. Before any round
-        trip was measured nothing tells (Karn): the result may answer the retransmission, and
-        taking the original's wait, a whole RTO, for a round trip made every timer of the job's
-        first calls four times that (in simulation at 5% loss, calls of 0.1 s took 0.4 s).
-        """
-        return since_last_send < self.min_rtt < math.inf
-
-    def undo(self) -> None:
-        self.cwnd = max(self.cwnd, self._cwnd_before_loss)
-        self.ssthresh = max(self.ssthresh, self._cwnd_before_loss)
-
-    @property
-    def probe_timeout(self) -> float:
-        """Silence that makes a call probe (resend its newest packet sent once): two recent shortest
-        round trips (before any, two smoothed ones), at least :data:`MIN_PROBE`, or
-        :data:`MIN_PROBE_LOSSY` on a path that is losing packets (silence is likelier loss there)."""
-        rtt = self.recent_rtt if self.recent_rtt < math.inf else self.min_rtt if self.min_rtt < math.inf else 0.0
-        return max(MIN_PROBE_LOSSY if self.lossy else MIN_PROBE, 2 * rtt)
-
-    @property
-    def resend_timeout(self) -> float:
-        """How long a resent packet waits for its result before it is resent again (doubling each time):
-        the smoothed wait of those before it and :data:`RESEND_DEVIATIONS` deviations, at least
-        :data:`MIN_RESEND` and a recent shortest round trip; before any, :attr:`probe_timeout`. Only
-        the packets resent are resent again when it runs out, never a window, so it can be short."""
-        if self.resend_wait == math.inf:
-            return self.probe_timeout
-        floor = max(MIN_RESEND, self.recent_rtt if self.recent_rtt < math.inf else 0.0)
-        return max(floor, self.resend_wait + RESEND_DEVIATIONS * self.resend_dev)
-
-    @property
-    def tail_timeout(self) -> float:
-        """The most a packet resent with at most :data:`EARLY_PROBE` packets out waits (before backoff):
-        :data:`TAIL_RTTS` shortest round trips, at least :data:`MIN_RESEND`. :attr:`resend_timeout`
-        learns its waits behind a window's queue, and at a call's tail that queue has drained: there
-        a wait as long (tens of ms with backoff) held every peer's next call up too."""
-        return max(MIN_RESEND, TAIL_RTTS * self.min_rtt)
-
-    @property
-    def reorder_window(self) -> float:
-        """How much later than expected a packet's result may come, after a later packet's, before it
-        counts as lost: a quarter of the shortest round trip (RACK)."""
-        return self.min_rtt / 4
-
-    def on_loss(self) -> None:
-        """A packet found lost by RACK, or a resent one lost again: counted; random loss, so the window stays."""
-        self.losses += 1
-
-    def on_timeout(self, now: float) -> None:
-        """The timer of a packet sent once ran out: nothing else found it lost.
-
-        Counted; the window halves only when the round trip's timeouts exceed :data:`LOSS_SHARE`
-        of it, and then not again for an RTO: every packet out at the cut times out within one,
-        so the cut answers them all. (Once per round trip, a burst of timeouts of packets that
-        had waited behind a long queue halved a window of 256 eight times over in 25 ms, in
-        simulation at 5% loss, and the worker with a window of one held up its peers.)
-        """
-        self.losses += 1
-        if now >= self._epoch_end:
-            self._epoch_end = now + (self.srtt or self.rto)
-            self._epoch_losses = 0
-        self._epoch_losses += 1
-        if now < self._recovery_until or self._epoch_losses <= max(2.0, self.cwnd * LOSS_SHARE):
-            return
-        self._cwnd_before_loss = self.cwnd
-        self.ssthresh = max(1.0, self.cwnd / 2)
-        self.cwnd = self.ssthresh
-        self._recovery_until = now + self.rto
-
-    def timeout_for(self, retries: int) -> float:
-        """Exponential backoff of the timeout for a packet sent ``retries`` times before."""
-        return min(self.max_rto, self.rto * 2.0 ** retries)
 
 
 class Send(NamedTuple):

@@ -16,8 +16,9 @@ import numpy as np
 
 from switchagg import calls
 from switchagg.payloads import FloatPayloads, Int32Payloads
-from switchagg.protocol import NativeReduction, Reduction, StreamParams, Window
+from switchagg.protocol import NativeReduction, Reduction, StreamParams
 from switchagg.switch.model import JobEntry, SwitchModel
+from switchagg.window import Window
 from switchagg.wire import datagram_size
 
 IMPLEMENTATIONS = {"python": Reduction, "native": NativeReduction}

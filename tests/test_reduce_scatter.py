@@ -16,8 +16,8 @@ from switchagg import Client, QuantizationError, SoftSwitch, calls, codec
 from switchagg.calls import CallDescriptor, Layout
 from switchagg.errors import PeerFailed
 from switchagg.payloads import FloatPayloads, Int32Payloads
-from switchagg.protocol import Window
 from switchagg.switch.model import SwitchModel
+from switchagg.window import Window
 from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
 
 from .conftest import loopback_config, run_ranks
