@@ -19,12 +19,33 @@ void sa_encode_nonfinite(const float *x, unsigned char *q, Py_ssize_t n, Py_ssiz
  * counted, -inf where only -inf, NaN (0x7fc00000) everywhere else: a NaN, both infinities, or only
  * finite values (the chunk carried no finite sums). */
 void sa_decode_nonfinite(const unsigned char *s, float *y, Py_ssize_t n);
+/* The exponent float32 x[0..n) proposes (codec.propose_exponents for one block): the smallest e
+ * with max|x| < 2^e, clamped to [-127, 126]; EXP_NONE for all zeros, EXP_NONFINITE where a value is
+ * NaN, infinite or at least 2^126 in magnitude. */
+int sa_propose(const float *x, Py_ssize_t n);
+/* sa_quantize of x, and sa_propose of next[0..n_next) in the same loop: the stream's send of data chunk d,
+ * which proposes the exponent of chunk d + S. Returns next's proposal. */
+int sa_quantize_propose(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size, int shift, const float *next,
+                        Py_ssize_t n_next);
+/* Ask for the cache lines of p[0..bytes) ahead of their use: for reading, or (write) for writing, which
+ * fetches them owned, before the stores that would otherwise stall on the read for ownership. */
+static inline void sa_prefetch(const void *p, Py_ssize_t bytes, int write) {
+#if defined(__GNUC__)
+    for (Py_ssize_t b = 0; b < bytes; b += 64) {
+        if (write)
+            __builtin_prefetch((const char *)p + b, 1, 3);
+        else
+            __builtin_prefetch((const char *)p + b, 0, 3);
+    }
+#endif
+}
 /* Big-endian int32 s[0..n) added into big-endian int32 acc[0..n), wrapping modulo 2^32. */
 void sa_add_be(unsigned char *acc, const unsigned char *s, Py_ssize_t n);
-/* The codec's functions for Python: quantize, dequantize, encode_nonfinite,
- * decode_nonfinite, block_maxabs, add_be. */
+/* The codec's functions for Python: quantize, dequantize, encode_nonfinite, decode_nonfinite,
+ * block_maxabs, propose, quantize_propose, add_be; codec_paths and codec_path, which say and switch the loops in use. */
 extern PyMethodDef sa_codec_methods[];
-/* Choose the loops this CPU runs (AVX2 or scalar); returns 1 where the AVX2 ones were chosen. */
+/* Choose the loops this CPU runs best (AVX-512, AVX2 or scalar; at most SWITCHAGG_CODEC_PATH's where that
+ * is set, scalar under SWITCHAGG_NO_SIMD); returns 1 where vector loops were chosen. */
 int sa_codec_init(void);
 
 #endif

@@ -60,6 +60,7 @@ typedef struct {
     Py_buffer x, out;  /* the flat input and the output: float32, or int32 when there are no proposals */
     int floats;
     int8_t *proposals;  /* per data chunk, floats only */
+    Py_ssize_t proposed;  /* proposals[0, proposed) are known: all that the caller gave, else proposal_of's */
     uint8_t *copy0;     /* per slot: the shadow copy of its first use in this call */
     uint16_t job;
     uint8_t worker;
@@ -467,31 +468,75 @@ static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int 
     }
 }
 
-static void write_packet(const Stream *s, Py_ssize_t t, unsigned char *row) {
-    int proposal = EXP_NONE;
-    if (t < s->rounds)
-        proposal = s->floats && t < s->n_chunks ? s->proposals[t] : EXP_NONE;
-    else if (s->floats && t - s->rounds + s->slots < s->n_chunks)
-        proposal = s->proposals[t - s->rounds + s->slots];
-    write_header(s, t, row, TYPE_CONTRIB, proposal);
+/* How many chunks ahead of its use the stream asks for a chunk's cache lines (sa_prefetch): far
+ * enough to cover a read from memory at a few tens of nanoseconds a packet, near enough to stay in L1/L2. */
+#define PREFETCH_CHUNKS 8
+
+/* Data chunk c's proposed exponent. Where the caller gave none (proposals=True) the stream makes
+ * each one as the schedule first asks for it, which is in chunk order: chunk c < S in the call
+ * round, chunk c >= S with data chunk c - S (write_packet, in the same loop as c - S's quantization),
+ * S packets before c is itself quantized. So the read for c's max-abs leaves it in the cache that
+ * its quantization reads it from (S chunks: 256 KiB in flight by default), and the input comes from
+ * memory once, not in a pass of its own before the call and again as it is sent. A resend asks
+ * again and gets the same. */
+static int proposal_of(Stream *s, Py_ssize_t c) {
+    for (; s->proposed <= c; s->proposed++) {
+        Py_ssize_t n, start = source_of(s, s->proposed, &n);
+        s->proposals[s->proposed] = (int8_t)sa_propose((const float *)s->x.buf + start, n);
+    }
+    return s->proposals[c];
+}
+
+/* Ask for chunk c's input ahead of its max-abs (the hardware's prefetcher, which stops at each 4 KiB
+ * page, leaves a read from memory every 16 chunks otherwise). */
+static void prefetch_source(const Stream *s, Py_ssize_t c) {
+    if (c < s->n_chunks) {
+        Py_ssize_t n, start = source_of(s, c, &n);
+        sa_prefetch((const float *)s->x.buf + start, 4 * n, 0);
+    }
+}
+
+static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
     unsigned char *values = row + HEADER_SIZE;
-    if (t < s->rounds) {  /* the call round carries the descriptors */
+    if (t < s->rounds) {  /* the call round carries the descriptors and the first chunks' proposals */
+        write_header(s, t, row, TYPE_CONTRIB, s->floats && t < s->n_chunks ? proposal_of(s, t) : EXP_NONE);
+        if (s->floats && s->proposed == t + 1)
+            prefetch_source(s, t + PREFETCH_CHUNKS);
         memcpy(values, s->call_row, 4 * (size_t)s->k);
         return;
     }
+    Py_ssize_t c = t - s->rounds + s->slots;  /* the chunk whose exponent this one proposes */
     Py_ssize_t n, start = source_of(s, t - s->rounds, &n);
+    int proposal = EXP_NONE;
     if (s->floats) {
+        const float *x = (const float *)s->x.buf + start;
         int e = exponent_used(s, t);
-        if (e == EXP_NONFINITE)  /* some rank's chunk held NaN or infinity: class codes, not values */
-            sa_encode_nonfinite((const float *)s->x.buf + start, values, n, s->k);
-        else
-            sa_quantize((const float *)s->x.buf + start, values, n, s->k, shift_for(s, e));
-        return;
+        if (c < s->n_chunks && c == s->proposed) {  /* c's first proposal: its max-abs read beside x's */
+            prefetch_source(s, c + PREFETCH_CHUNKS);
+            Py_ssize_t n_next, next = source_of(s, c, &n_next);
+            if (e == EXP_NONFINITE) {  /* some rank's chunk held NaN or infinity: class codes, not values */
+                sa_encode_nonfinite(x, values, n, s->k);
+                s->proposals[c] = (int8_t)sa_propose((const float *)s->x.buf + next, n_next);
+            } else {
+                s->proposals[c] = (int8_t)sa_quantize_propose(x, values, n, s->k, shift_for(s, e),
+                                                              (const float *)s->x.buf + next, n_next);
+            }
+            s->proposed++;
+        } else {  /* proposed before: by the caller (from memory: ask ahead), or in a send S before */
+            prefetch_source(s, t - s->rounds + PREFETCH_CHUNKS);
+            if (e == EXP_NONFINITE)
+                sa_encode_nonfinite(x, values, n, s->k);
+            else
+                sa_quantize(x, values, n, s->k, shift_for(s, e));
+        }
+        proposal = c < s->n_chunks ? proposal_of(s, c) : EXP_NONE;
+    } else {
+        const int32_t *x = (const int32_t *)s->x.buf + start;
+        for (Py_ssize_t i = 0; i < n; i++)
+            put32(values + 4 * i, (uint32_t)x[i]);
+        memset(values + 4 * n, 0, 4 * (size_t)(s->k - n));
     }
-    const int32_t *x = (const int32_t *)s->x.buf + start;
-    for (Py_ssize_t i = 0; i < n; i++)
-        put32(values + 4 * i, (uint32_t)x[i]);
-    memset(values + 4 * n, 0, 4 * (size_t)(s->k - n));
+    write_header(s, t, row, TYPE_CONTRIB, proposal);
 }
 
 PyDoc_STRVAR(emit_doc,
@@ -631,6 +676,11 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
                 sa_decode_nonfinite(p + HEADER_SIZE, (float *)s->out.buf + start, n);
             else
                 sa_dequantize(p + HEADER_SIZE, (float *)s->out.buf + start, n, shift_for(s, e));
+            if (t - s->rounds + PREFETCH_CHUNKS < s->n_chunks) {  /* results come mostly in order: the
+                * place of a later one, owned before its stores (which would stall on the read for it) */
+                Py_ssize_t n_later, later = target_of(s, t - s->rounds + PREFETCH_CHUNKS, &n_later);
+                sa_prefetch((float *)s->out.buf + later, 4 * n_later, 1);
+            }
         } else {
             int32_t *out = (int32_t *)s->out.buf + start;
             for (Py_ssize_t i = 0; i < n; i++)
@@ -875,6 +925,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         return -1;
     }
     s->slots = copies.len;
+    /* proposals: None for int32 data; for floats, the int8 proposal of every chunk, or True where the
+     * stream is to make them itself as it sends (proposal_of: one read of the input, not two) */
     s->floats = proposals != Py_None;
     s->window = Py_NewRef(window);
     s->job = (uint16_t)job;
@@ -954,7 +1006,10 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         memcpy(s->expect, expect.buf, 4 * (size_t)k);
     }
     memset(s->agreed, (unsigned char)(int8_t)EXP_NONE, total);
-    if (s->floats) {
+    if (s->floats && proposals == Py_True) {
+        s->proposed = 0;  /* the stream proposes each chunk as it goes (proposal_of) */
+    } else if (s->floats) {
+        s->proposed = n_chunks;
         Py_buffer p;
         if (PyObject_GetBuffer(proposals, &p, PyBUF_SIMPLE) < 0)
             goto done;

@@ -76,13 +76,9 @@ def propose_exponents(flat: np.ndarray, k: int) -> np.ndarray:
     every rank's call goes on and gets inf/NaN there (an error raised here, on
     one rank only, would leave the ranks' calls paired wrongly from then on).
     """
-    maxabs = np.empty(-(-flat.size // k), dtype=np.float32)
-    _native.block_maxabs(flat, k, maxabs)  # NaN where a block holds one, inf where an infinity
-    exps = np.frexp(maxabs)[1]
-    np.clip(exps, MIN_EXPONENT, MAX_EXPONENT, out=exps)
-    exps[maxabs == 0] = EXP_NONE
-    exps[~(maxabs < NONFINITE_FROM)] = EXP_NONFINITE  # NaN compares false
-    return exps.astype(np.int8)
+    exps = np.empty(-(-flat.size // k), dtype=np.int8)
+    _native.propose(flat, k, exps)  # max|x| per block, then its exponent, in one pass (no temporaries)
+    return exps
 
 
 def quantize(block: np.ndarray, exponent: int, n_workers: int, out: np.ndarray) -> np.ndarray:
