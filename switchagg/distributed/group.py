@@ -68,7 +68,7 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = _allreduce_options(opts)
-        op = _switch_op(opts.reduceOp, tensors)
+        op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 else None  # one tensor a call
         if op is None:
             return self._fallback(tensors[0]).allreduce(tensors, opts)
         t = tensors[0]
@@ -146,7 +146,7 @@ def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
 def _switch_op(reduce_op: Any, tensors: list[torch.Tensor]) -> str | None:
     """The switch's op for this call ("sum", "mean"), or None where the fallback must do it."""
     op = _OPS.get(getattr(reduce_op, "op", reduce_op))  # a ReduceOp object (from C++) or its RedOpType
-    if op is None or len(tensors) not in (1, 2) or not _dense(*tensors):
+    if op is None or not _dense(*tensors):
         return None
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or not dtypes <= _CARRIED or (op == "mean" and torch.int32 in dtypes):
