@@ -25,6 +25,8 @@ DEFAULT_TARGET = "soft"  # what every control-plane subcommand talks to unless -
 
 
 def _cmd_switch(args: argparse.Namespace) -> int:
+    from .switch.native import MAX_SHARDS
+
     configs = [JobConfig.from_file(p) for p in args.config or ()]
     if not configs and not (args.address and args.control):
         raise ConfigError("with no --config, give --address (where it receives) and --control (where process "
@@ -36,6 +38,8 @@ def _cmd_switch(args: argparse.Namespace) -> int:
                           "switch.control, and no --control is given): drop the flag, or give a control address")
     if args.slots is not None and not 1 <= args.slots <= 0x10000:
         raise ConfigError(f"--slots {args.slots}: a switch has 1..65536 slots")
+    if not 1 <= args.cores <= MAX_SHARDS:
+        raise ConfigError(f"--cores {args.cores}: the switch runs on 1..{MAX_SHARDS} cores")
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -49,13 +53,14 @@ def _serve_switch(args: argparse.Namespace, configs: list[JobConfig], address: E
     from .switch.server import NUM_SLOTS, SoftSwitch
 
     with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS,
-                    control_public=args.control_any_address) as sw:
+                    control_public=args.control_any_address, cores=args.cores, steer=args.steer) as sw:
         for cfg in configs:
             gen = sw.add_job(cfg)
             print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
                   f"{cfg.slot_base + cfg.slot_count - 1}, K={cfg.values_per_packet}, generation {gen}")
         where = f", control on {sw.control_address[0]}:{sw.control_address[1]}" if control else ""
-        print(f"switchagg switch on {sw.address[0]}:{sw.address[1]} ({sw.backend}){where}; Ctrl-C stops it",
+        cores = f", {sw.cores} cores steered by {sw.steer}" if sw.cores > 1 else ""
+        print(f"switchagg switch on {sw.address[0]}:{sw.address[1]} ({sw.backend}{cores}){where}; Ctrl-C stops it",
               flush=True)
         if args.ready_file:
             _write_ready(Path(args.ready_file), sw.address, sw.control_address, sw.backend)
@@ -161,7 +166,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 # The bench's flags that only one of its modes reads (their defaults are applied by _cmd_bench, so
 # that a flag given to a mode that ignores it can be told from one left out, and refused).
-_THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo")
+_THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo", "switch_cores", "switch_steer")
 _LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery")
 
 
@@ -195,9 +200,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .benchmarks.throughput import run_bench
 
     _refuse(args, _LOSS_FLAGS, " (throughput)")
+    from .switch.native import MAX_SHARDS
+
+    switch_cores = args.switch_cores if args.switch_cores is not None else 1
+    if not 1 <= switch_cores <= MAX_SHARDS:
+        raise ConfigError(f"--switch-cores {switch_cores}: the switch runs on 1..{MAX_SHARDS} cores")
     return run_bench(workers=workers, mib=args.mib if args.mib is not None else 64,
                      reps=args.reps if args.reps is not None else 5, ks=args.values_per_packet or (64, 16000),
-                     slots=args.slots, rounds=rounds, gloo=not args.no_gloo, plot=args.plot)
+                     slots=args.slots, rounds=rounds, gloo=not args.no_gloo, plot=args.plot, switch_cores=switch_cores,
+                     switch_steer=args.switch_steer or "job")
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
@@ -233,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let the control port listen on an address other than loopback: anyone who reaches it "
                         "reads the counters, and whoever knows a job's key can reset or remove it")
     p.add_argument("--slots", type=int, help="aggregation slots of this switch, 1..65536 (default 4096)")
+    p.add_argument("--cores", type=int, default=1,
+                   help="threads that serve the switch, each from its own socket on the same port (SO_REUSEPORT, "
+                        "Linux), the kernel steering each datagram to one by --steer; default 1")
+    p.add_argument("--steer", choices=("job", "slot"), default="job",
+                   help="with --cores: which header field picks a datagram's core. job (default): each job on one "
+                        "core, its results in order; slot: a job's slots on every core, whose results overtake "
+                        "each other (today's workers resend on that: for workers that tolerate reordering)")
     p.add_argument("--ready-file", metavar="FILE",
                    help="once listening, write the bound addresses here as JSON (what scripts wait for)")
     p.set_defaults(fn=_cmd_switch)
@@ -301,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switchagg then gloo, this many times (--loss: every rate and recovery); "
                         "the ratios are the median of the rounds' (default 3; not with --ddp or --fsdp)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
+    p.add_argument("--switch-cores", type=int,
+                   help="run the embedded switch on this many cores (switchagg switch --cores; default 1) and "
+                        "report its packets/s per core")
+    p.add_argument("--switch-steer", choices=("job", "slot"),
+                   help="the switch's --steer with --switch-cores (default job)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw each round's ratios and packet rates (matplotlib; not with --ddp or --fsdp)")
     p.add_argument("--loss-workers", type=int, nargs="+", help="worker counts of --loss (default 4 7)")

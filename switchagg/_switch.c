@@ -13,17 +13,34 @@
  * per job: a packet is admitted when its job is installed, its worker is one of the job's ranks,
  * its source is that rank's address and its key is the job's. Addresses are sockaddr_in as
  * recvmmsg/sendmmsg use them.
+ *
+ * Shards (Switch(num_slots, shards, by_slot)): the embedded switch on several cores is one Switch served
+ * by `shards` threads at once, each calling process() with its own shard number and its own socket's
+ * arrays. process() runs without the GIL. The registers are one table that every shard may touch:
+ * the kernel steers a datagram to a shard by its job or a hash of its slot (switch/server.py), but a
+ * segmented message (GSO: up to 128 datagrams of one sender) reaches one socket whole, so a shard may
+ * serve a datagram steered elsewhere (off_home counts them). Each copy has a mutex (with more than one shard), taken for the stages a packet
+ * runs on it, so any shard's service of a copy is exactly the one-shard switch's in some order of
+ * arrival. Counters are per shard (a row each, never written by another shard) and summed when read.
+ * The job table is read under a read lock for a whole batch; install, remove and every read of
+ * counters or registers take it for writing, so no packet sees a job half installed, and a
+ * counter read is a snapshot of every shard.
  */
 #include "_codec.h"  /* Python.h first */
 #include "_switch.h"
 #include "_wire.h"
 
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define NAME 16  /* sizeof(struct sockaddr_in) */
 #define N_JOBS 65536
+#define MAX_SHARDS 64
+#define LINE 64  /* a cache line: each shard's counters on lines of their own */
+#define SPREAD 0x9E3779B1u  /* server.SPREAD: the steering's hash of a slot (uint32_t arithmetic) */
 
 enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, IP_OPTIONS, FRAGMENT, N_GLOBAL };  /* counters.GlobalDrop */
 enum {  /* counters.JobCounter */
@@ -32,10 +49,19 @@ enum {  /* counters.JobCounter */
 };
 
 typedef struct {
+    _Alignas(LINE) unsigned long long c[N_JOB_COUNTERS];
+} JobRow;  /* one shard's counters of a job */
+
+typedef struct {
+    _Alignas(LINE) unsigned long long c[N_GLOBAL];
+    unsigned long long datagrams, off_home;  /* what it served, and of those what the steering sent elsewhere */
+} ShardRow;  /* one shard's switch-wide counters */
+
+typedef struct {
     uint32_t generation, key, slot_base, slot_count, k;  /* generation: the installed one, which probes answer */
     int n_workers;
     unsigned char names[MAX_WORKERS][NAME];  /* each rank's address */
-    unsigned long long counters[N_JOB_COUNTERS];
+    JobRow counters[];  /* a row per shard */
 } Job;
 
 typedef struct {
@@ -47,9 +73,21 @@ typedef struct {
     unsigned char **values;  /* per copy: its sums in wire order, or NULL before its first write */
     uint32_t *values_k;      /* how many values each holds */
     Job **jobs;              /* by job id, NULL where none is installed */
-    unsigned long long global[N_GLOBAL];
+    ShardRow *shard;         /* a row per shard */
+    int shards;
+    int by_slot;  /* what the steering reads (switch/server.py): 0 the job, 1 the slot */
     int fanout;  /* the most packets one datagram can make: the largest installed job's worker count */
+    pthread_rwlock_t table;  /* process() reads under it, a batch at a time; everything else writes */
+    int table_ready;
+    pthread_mutex_t *copy_lock;  /* a mutex per copy where shards > 1, else NULL */
 } Switch;
+
+/* What went wrong inside a batch, which runs without the GIL: raised once it is held again. */
+enum { FAULT_NONE, FAULT_NOMEM, FAULT_VALUES, FAULT_OUTSIDE, FAULT_FANOUT };
+typedef struct {
+    int code;
+    Py_ssize_t a, b;
+} Fault;
 
 /* Serial-number order on 32-bit chunk ids (RFC 1982), as model.chunk_is_newer. */
 static inline int chunk_is_newer(uint32_t chunk, uint32_t stored) {
@@ -64,60 +102,13 @@ static inline void write_head(unsigned char *row, const unsigned char *p, int ty
     row[OFF_TYPE] = (unsigned char)type;
 }
 
-/* One datagram: returns how many packets it made in out rows [0..), or -1 when the copy's stored
- * values have another length (SwitchModel raises there too). */
-static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const unsigned char *src,
-                       unsigned char *out, Py_ssize_t out_stride, uint32_t *out_len, unsigned char *out_names) {
-    if (len < HEADER_SIZE) {
-        sw->global[MALFORMED]++;
-        return 0;
-    }
-    if (p[OFF_VERSION] != VERSION) {
-        sw->global[BAD_VERSION]++;
-        return 0;
-    }
+/* The stages a CONTRIB runs on copy i (tag -> bitmap -> count -> exponent -> values) and the packets it
+ * makes, or a QUERY's read of the tag and bitmap; with shards, under the copy's mutex. */
+static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssize_t i, const unsigned char *p,
+                      const unsigned char *src, unsigned char *out, Py_ssize_t out_stride, uint32_t *out_len,
+                      unsigned char *out_names, Fault *fault) {
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
-    uint32_t count = get16(p + OFF_COUNT);
-    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~(FLAG_COPY | FLAG_OWNER)
-            || (owner && !(flags & FLAG_OWNER)) || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
-        sw->global[MALFORMED]++;
-        return 0;
-    }
-    Job *job = sw->jobs[get16(p + OFF_JOB)];
-    if (job == NULL || worker >= job->n_workers || memcmp(job->names[worker] + 2, src + 2, 6)
-            || get32(p + OFF_KEY) != job->key) {
-        sw->global[NOT_ADMITTED]++;
-        return 0;
-    }
-    unsigned long long *counters = job->counters;
-    if (type == TYPE_PROBE) {
-        counters[PROBES]++;
-        write_head(out, p, TYPE_PROBE_REPLY);
-        put32(out + OFF_GENERATION, job->generation);
-        *out_len = HEADER_SIZE;
-        memcpy(out_names, src, NAME);
-        return 1;
-    }
-    uint32_t generation = get32(p + OFF_GENERATION), slot = get16(p + OFF_SLOT), chunk = get32(p + OFF_CHUNK);
-    /* Any generation but 0 is a run's (the session its workers agreed on; the tag keeps runs apart); 0 is
-     * what every tag powers up holding, so its chunk 0 would read a never-used copy as its own. */
-    if (generation == 0) {
-        counters[WRONG_GENERATION]++;
-        return 0;
-    }
-    if (slot >= job->slot_count) {
-        counters[SLOT_OUT_OF_RANGE]++;
-        return 0;
-    }
-    if (owner >= job->n_workers) {  /* not one of the job's ranks (0 without FLAG_OWNER, which every job has) */
-        counters[BAD_OWNER]++;
-        return 0;
-    }
-    if (type == TYPE_CONTRIB && count != job->k) {
-        counters[BAD_COUNT]++;
-        return 0;
-    }
-    Py_ssize_t i = 2 * ((Py_ssize_t)job->slot_base + slot) + (flags & FLAG_COPY);
+    uint32_t count = get16(p + OFF_COUNT), generation = get32(p + OFF_GENERATION), chunk = get32(p + OFF_CHUNK);
     /* Stage 1, tag: is this chunk new to the copy, the one it holds, or older? */
     uint64_t stored = sw->tag[i];
     int fresh = (uint32_t)(stored >> 32) != generation || chunk_is_newer(chunk, (uint32_t)stored);
@@ -162,7 +153,7 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         if (sw->values[i] == NULL || sw->values_k[i] != count) {
             unsigned char *row = realloc(sw->values[i], bytes ? bytes : 1);
             if (row == NULL) {
-                PyErr_NoMemory();
+                fault->code = FAULT_NOMEM;
                 return -1;
             }
             sw->values[i] = row;
@@ -170,7 +161,9 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
         }
         memcpy(sw->values[i], values, bytes);
     } else if (sw->values_k[i] != count) {
-        PyErr_Format(PyExc_ValueError, "add_be: %zu bytes added to %zu", bytes, 4 * (size_t)sw->values_k[i]);
+        fault->code = FAULT_VALUES;
+        fault->a = (Py_ssize_t)bytes;
+        fault->b = 4 * (Py_ssize_t)sw->values_k[i];
         return -1;
     } else if (!repeat) {
         sa_add_be(sw->values[i], values, count);
@@ -205,6 +198,83 @@ static int process_one(Switch *sw, const unsigned char *p, Py_ssize_t len, const
     return n;
 }
 
+/* Where the steering program sends a datagram (switch/server.py's home_shard): the shard of its job, or of a
+ * hash of its slot; shard 0 when it is too short to hold the field, as the program's load fails there. */
+static inline int home_shard(const Switch *sw, const unsigned char *p, Py_ssize_t len) {
+    uint32_t shards = (uint32_t)sw->shards;
+    if (!sw->by_slot)
+        return len >= OFF_JOB + 2 ? (int)(get16(p + OFF_JOB) % shards) : 0;
+    return len >= OFF_SLOT + 2 ? (int)((get16(p + OFF_SLOT) * SPREAD >> 16) % shards) : 0;
+}
+
+/* One datagram, served by `shard`: returns how many packets it made in out rows [0..), or -1 with the fault
+ * said (the copy's stored values have another length, which SwitchModel raises for too; no memory). */
+static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t len, const unsigned char *src,
+                       unsigned char *out, Py_ssize_t out_stride, uint32_t *out_len, unsigned char *out_names,
+                       Fault *fault) {
+    ShardRow *mine = &sw->shard[shard];
+    unsigned long long *global = mine->c;
+    mine->datagrams++;
+    if (sw->shards > 1)
+        mine->off_home += home_shard(sw, p, len) != shard;
+    if (len < HEADER_SIZE) {
+        global[MALFORMED]++;
+        return 0;
+    }
+    if (p[OFF_VERSION] != VERSION) {
+        global[BAD_VERSION]++;
+        return 0;
+    }
+    int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
+    uint32_t count = get16(p + OFF_COUNT);
+    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~(FLAG_COPY | FLAG_OWNER)
+            || (owner && !(flags & FLAG_OWNER)) || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
+        global[MALFORMED]++;
+        return 0;
+    }
+    Job *job = sw->jobs[get16(p + OFF_JOB)];
+    if (job == NULL || worker >= job->n_workers || memcmp(job->names[worker] + 2, src + 2, 6)
+            || get32(p + OFF_KEY) != job->key) {
+        global[NOT_ADMITTED]++;
+        return 0;
+    }
+    unsigned long long *counters = job->counters[shard].c;
+    if (type == TYPE_PROBE) {
+        counters[PROBES]++;
+        write_head(out, p, TYPE_PROBE_REPLY);
+        put32(out + OFF_GENERATION, job->generation);
+        *out_len = HEADER_SIZE;
+        memcpy(out_names, src, NAME);
+        return 1;
+    }
+    uint32_t generation = get32(p + OFF_GENERATION), slot = get16(p + OFF_SLOT);
+    /* Any generation but 0 is a run's (the session its workers agreed on; the tag keeps runs apart); 0 is
+     * what every tag powers up holding, so its chunk 0 would read a never-used copy as its own. */
+    if (generation == 0) {
+        counters[WRONG_GENERATION]++;
+        return 0;
+    }
+    if (slot >= job->slot_count) {
+        counters[SLOT_OUT_OF_RANGE]++;
+        return 0;
+    }
+    if (owner >= job->n_workers) {  /* not one of the job's ranks (0 without FLAG_OWNER, which every job has) */
+        counters[BAD_OWNER]++;
+        return 0;
+    }
+    if (type == TYPE_CONTRIB && count != job->k) {
+        counters[BAD_COUNT]++;
+        return 0;
+    }
+    Py_ssize_t i = 2 * ((Py_ssize_t)job->slot_base + slot) + (flags & FLAG_COPY);
+    if (sw->copy_lock == NULL)
+        return serve_copy(sw, job, counters, i, p, src, out, out_stride, out_len, out_names, fault);
+    pthread_mutex_lock(&sw->copy_lock[i]);
+    int n = serve_copy(sw, job, counters, i, p, src, out, out_stride, out_len, out_names, fault);
+    pthread_mutex_unlock(&sw->copy_lock[i]);
+    return n;
+}
+
 /* A C-contiguous buffer: bytes (width -1), a 2-d uint8 array of rows of `width` bytes (names), or a 1-d
  * uint32 array (width 0: offsets, lengths). */
 static int get_array(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width, const char *what) {
@@ -223,20 +293,68 @@ static int get_array(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width
 }
 
 PyDoc_STRVAR(process_doc,
-"process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets, out_lengths, out_names)\n"
-"-> (next, made)\n\n"
+"process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets, out_lengths, out_names,\n"
+"        shard=0) -> (next, made)\n\n"
 "Handle datagrams start..stop-1 (datagram i is in_lengths[i] bytes at in_buf[in_offsets[i]:], from the\n"
 "sockaddr_in in row i of in_names) and write the packets they make one after another into out_buf,\n"
 "packet j described by out_offsets[j], out_lengths[j] and its destination in row j of out_names. Stops\n"
 "before a datagram whose packets might not fit; returns the next datagram to handle and how many\n"
-"packets were made.");
+"packets were made. It runs without the GIL; `shard` (0..shards-1) is whose counters it adds to, and\n"
+"several threads may call it at once, each with a shard of its own and arrays of its own.");
+
+typedef struct {
+    const unsigned char *in, *in_names;
+    const uint32_t *in_off, *in_len;
+    Py_ssize_t in_bytes, cap, out_bytes;
+    unsigned char *out, *out_names;
+    uint32_t *out_off, *out_len;
+} Batch;
+
+/* Datagrams start..stop-1 of the batch under the table's read lock, without the GIL; returns the next one to
+ * handle, *made the packets written. */
+static Py_ssize_t serve_batch(Switch *sw, int shard, const Batch *b, Py_ssize_t start, Py_ssize_t stop,
+                              Py_ssize_t *made_out, Fault *fault) {
+    Py_ssize_t i = start, made = 0, at = 0;
+    pthread_rwlock_rdlock(&sw->table);
+    for (; i < stop; i++) {
+        Py_ssize_t len = b->in_len[i], size = len > HEADER_SIZE ? len : HEADER_SIZE;  /* what each packet out takes */
+        if ((size_t)b->in_off[i] + (size_t)len > (size_t)b->in_bytes) {
+            fault->code = FAULT_OUTSIDE;
+            fault->a = i;
+            break;
+        }
+        if (made + sw->fanout > b->cap || at + sw->fanout * size > b->out_bytes) {
+            if (made == 0) {
+                fault->code = FAULT_FANOUT;
+                fault->a = sw->fanout;
+                fault->b = size;
+            }
+            break;
+        }
+        int n = process_one(sw, shard, b->in + b->in_off[i], len, b->in_names + i * NAME, b->out + at, size,
+                            b->out_len + made, b->out_names + made * NAME, fault);
+        if (n < 0)
+            break;
+        for (int r = 0; r < n; r++)
+            b->out_off[made + r] = (uint32_t)(at + r * size);
+        made += n;
+        at += n * size;
+    }
+    pthread_rwlock_unlock(&sw->table);
+    *made_out = made;
+    return i;
+}
 
 static PyObject *Switch_process(Switch *sw, PyObject *args) {
     PyObject *o[8];
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "OOOOnnOOOO", &o[0], &o[1], &o[2], &o[3], &start, &stop, &o[4], &o[5], &o[6],
-                          &o[7]))
+    int shard = 0;
+    if (!PyArg_ParseTuple(args, "OOOOnnOOOO|i", &o[0], &o[1], &o[2], &o[3], &start, &stop, &o[4], &o[5], &o[6],
+                          &o[7], &shard))
         return NULL;
+    if (shard < 0 || shard >= sw->shards)
+        return PyErr_Format(PyExc_ValueError, "Switch.process: shard %d, this switch has shards 0..%d", shard,
+                            sw->shards - 1);
     static const char *names[] = {"in_buf", "in_offsets", "in_lengths", "in_names",
                                   "out_buf", "out_offsets", "out_lengths", "out_names"};
     static const Py_ssize_t widths[] = {-1, 0, 0, NAME, -1, 0, 0, NAME};
@@ -255,39 +373,46 @@ static PyObject *Switch_process(Switch *sw, PyObject *args) {
                         "lengths and names array must have a row per offset");
         goto done;
     }
-    const unsigned char *in = b[0].buf, *in_names = b[3].buf;
-    const uint32_t *in_off = b[1].buf, *in_len = b[2].buf;
-    unsigned char *out = b[4].buf, *out_names = b[7].buf;
-    uint32_t *out_off = b[5].buf, *out_len = b[6].buf;
-    Py_ssize_t i = start, made = 0, at = 0;
-    for (; i < stop; i++) {
-        Py_ssize_t len = in_len[i], size = len > HEADER_SIZE ? len : HEADER_SIZE;  /* what each packet out takes */
-        if ((size_t)in_off[i] + (size_t)len > (size_t)b[0].len) {
-            PyErr_Format(PyExc_ValueError, "Switch.process: datagram %zd lies outside in_buf", i);
-            goto done;
-        }
-        if (made + sw->fanout > cap || at + sw->fanout * size > b[4].len) {
-            if (made == 0) {
-                PyErr_Format(PyExc_ValueError, "Switch.process: out_buf and out_offsets must hold a multicast of "
-                             "%d packets of %zd bytes", sw->fanout, size);
-                goto done;
-            }
-            break;
-        }
-        int n = process_one(sw, in + in_off[i], len, in_names + i * NAME, out + at, size, out_len + made,
-                            out_names + made * NAME);
-        if (n < 0)
-            goto done;
-        for (int r = 0; r < n; r++)
-            out_off[made + r] = (uint32_t)(at + r * size);
-        made += n;
-        at += n * size;
+    Batch batch = {b[0].buf, b[3].buf, b[1].buf, b[2].buf, b[0].len, cap, b[4].len, b[4].buf, b[7].buf, b[5].buf,
+                   b[6].buf};
+    Fault fault = {FAULT_NONE, 0, 0};
+    Py_ssize_t next, made;
+    Py_BEGIN_ALLOW_THREADS
+    next = serve_batch(sw, shard, &batch, start, stop, &made, &fault);
+    Py_END_ALLOW_THREADS
+    switch (fault.code) {
+    case FAULT_NONE:
+        result = Py_BuildValue("nn", next, made);
+        break;
+    case FAULT_NOMEM:
+        PyErr_NoMemory();
+        break;
+    case FAULT_VALUES:
+        PyErr_Format(PyExc_ValueError, "add_be: %zd bytes added to %zd", fault.a, fault.b);
+        break;
+    case FAULT_OUTSIDE:
+        PyErr_Format(PyExc_ValueError, "Switch.process: datagram %zd lies outside in_buf", fault.a);
+        break;
+    default:
+        PyErr_Format(PyExc_ValueError, "Switch.process: out_buf and out_offsets must hold a multicast of "
+                     "%zd packets of %zd bytes", fault.a, fault.b);
     }
-    result = Py_BuildValue("nn", i, made);
 done:
     for (int j = 0; j < got; j++)
         PyBuffer_Release(&b[j]);
     return result;
+}
+
+/* The table for writing (install, remove, and every read of counters or registers, so that a read is a
+ * snapshot of every shard), waited for without the GIL: a shard holding the read lock never needs the GIL. */
+static void write_lock(Switch *sw) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&sw->table);
+    Py_END_ALLOW_THREADS
+}
+
+static void write_unlock(Switch *sw) {
+    pthread_rwlock_unlock(&sw->table);
 }
 
 static Job *job_of(Switch *sw, int job_id) {
@@ -305,10 +430,21 @@ static void set_fanout(Switch *sw) {
             sw->fanout = sw->jobs[j]->n_workers;
 }
 
+/* A job with a counter row per shard, zeroed, on whole cache lines. */
+static Job *new_job(Switch *sw) {
+    size_t size = offsetof(Job, counters) + (size_t)sw->shards * sizeof(JobRow);
+    size = (size + LINE - 1) / LINE * LINE;
+    Job *job = aligned_alloc(LINE, size);
+    if (job != NULL)
+        memset(job, 0, size);
+    return job;
+}
+
 PyDoc_STRVAR(install_doc,
 "install(job_id, generation, key, slot_base, slot_count, k, names)\n\n"
 "Install or update a job; names holds each rank's sockaddr_in (16 bytes each). A job that is\n"
-"already installed keeps its counters (a reset is a new generation, not a new job).");
+"already installed keeps its counters (a reset is a new generation, not a new job). Every shard\n"
+"sees the job whole or not at all: a batch in progress finishes first.");
 
 static PyObject *Switch_install(Switch *sw, PyObject *args) {
     int job_id;
@@ -324,8 +460,10 @@ static PyObject *Switch_install(Switch *sw, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "Switch.install: job %d does not fit (1..%d workers, K < 65536, "
                             "slots within the switch's)", job_id, MAX_WORKERS);
     }
+    write_lock(sw);
     Job *job = sw->jobs[job_id];
-    if (job == NULL && (job = sw->jobs[job_id] = calloc(1, sizeof(Job))) == NULL) {
+    if (job == NULL && (job = sw->jobs[job_id] = new_job(sw)) == NULL) {
+        write_unlock(sw);
         PyBuffer_Release(&names);
         return PyErr_NoMemory();
     }
@@ -336,32 +474,29 @@ static PyObject *Switch_install(Switch *sw, PyObject *args) {
     job->k = k;
     job->n_workers = (int)n;
     memcpy(job->names, names.buf, (size_t)names.len);
-    PyBuffer_Release(&names);
     set_fanout(sw);
+    write_unlock(sw);
+    PyBuffer_Release(&names);
     Py_RETURN_NONE;
 }
 
 static PyObject *Switch_remove(Switch *sw, PyObject *arg) {
     int job_id = PyLong_AsLong(arg);
-    if ((job_id == -1 && PyErr_Occurred()) || job_of(sw, job_id) == NULL)
+    if (job_id == -1 && PyErr_Occurred())
         return NULL;
+    write_lock(sw);
+    if (job_of(sw, job_id) == NULL) {
+        write_unlock(sw);
+        return NULL;
+    }
     free(sw->jobs[job_id]);
     sw->jobs[job_id] = NULL;
     set_fanout(sw);
+    write_unlock(sw);
     Py_RETURN_NONE;
 }
 
-static PyObject *Switch_counters(Switch *sw, PyObject *arg) {
-    unsigned long long *c = sw->global;
-    Py_ssize_t n = N_GLOBAL;
-    if (arg != Py_None) {
-        int job_id = PyLong_AsLong(arg);
-        Job *job = (job_id == -1 && PyErr_Occurred()) ? NULL : job_of(sw, job_id);
-        if (job == NULL)
-            return NULL;
-        c = job->counters;
-        n = N_JOB_COUNTERS;
-    }
+static PyObject *counter_list(const unsigned long long *c, Py_ssize_t n) {
     PyObject *out = PyList_New(n);
     for (Py_ssize_t i = 0; out && i < n; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(c[i]);
@@ -374,22 +509,84 @@ static PyObject *Switch_counters(Switch *sw, PyObject *arg) {
     return out;
 }
 
+PyDoc_STRVAR(counters_doc,
+"counters(job_id, shard=None) -> list\n\n"
+"counters(None): the GlobalDrop counters; counters(job_id): that job's JobCounter counters. Summed over\n"
+"the shards, or the one shard named.");
+
+static PyObject *Switch_counters(Switch *sw, PyObject *args) {
+    PyObject *which, *shard_arg = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &which, &shard_arg))
+        return NULL;
+    int job_id = -1, shard = -1;
+    if (which != Py_None && (job_id = PyLong_AsLong(which)) == -1 && PyErr_Occurred())
+        return NULL;
+    if (shard_arg != Py_None && (shard = PyLong_AsLong(shard_arg)) == -1 && PyErr_Occurred())
+        return NULL;
+    if (shard_arg != Py_None && (shard < 0 || shard >= sw->shards))
+        return PyErr_Format(PyExc_IndexError, "shard %d: this switch has shards 0..%d", shard, sw->shards - 1);
+    unsigned long long sum[N_JOB_COUNTERS] = {0};
+    Py_ssize_t n = which == Py_None ? N_GLOBAL : N_JOB_COUNTERS;
+    write_lock(sw);
+    Job *job = which == Py_None ? NULL : job_of(sw, job_id);
+    if (which != Py_None && job == NULL) {
+        write_unlock(sw);
+        return NULL;
+    }
+    for (int s = 0; s < sw->shards; s++) {
+        if (shard >= 0 && s != shard)
+            continue;
+        const unsigned long long *c = job ? job->counters[s].c : sw->shard[s].c;
+        for (Py_ssize_t i = 0; i < n; i++)
+            sum[i] += c[i];
+    }
+    write_unlock(sw);
+    return counter_list(sum, n);
+}
+
+static PyObject *Switch_shard_stats(Switch *sw, PyObject *Py_UNUSED(ignored)) {
+    unsigned long long row[2 * MAX_SHARDS];
+    write_lock(sw);
+    for (int s = 0; s < sw->shards; s++) {
+        row[2 * s] = sw->shard[s].datagrams;
+        row[2 * s + 1] = sw->shard[s].off_home;
+    }
+    write_unlock(sw);
+    PyObject *out = PyList_New(sw->shards);
+    for (int s = 0; out && s < sw->shards; s++) {
+        PyObject *pair = Py_BuildValue("KK", row[2 * s], row[2 * s + 1]);
+        if (pair == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, s, pair);
+    }
+    return out;
+}
+
 static PyObject *Switch_copy_state(Switch *sw, PyObject *arg) {
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred())
         return NULL;
     if (i < 0 || i >= sw->copies)
         return PyErr_Format(PyExc_IndexError, "copy %zd: the switch has %zd", i, sw->copies);
+    write_lock(sw);
+    PyObject *out;
     if (sw->values[i] == NULL)
-        return Py_BuildValue("KIIiO", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
-                             Py_None);
-    return Py_BuildValue("KIIiy#", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
-                         (const char *)sw->values[i], (Py_ssize_t)sw->values_k[i] * 4);
+        out = Py_BuildValue("KIIiO", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
+                            Py_None);
+    else
+        out = Py_BuildValue("KIIiy#", (unsigned long long)sw->tag[i], sw->bitmap[i], sw->count[i], sw->exponent[i],
+                            (const char *)sw->values[i], (Py_ssize_t)sw->values_k[i] * 4);
+    write_unlock(sw);
+    return out;
 }
 
 static int Switch_init(Switch *sw, PyObject *args, PyObject *kw) {
+    static char *keywords[] = {"num_slots", "shards", "by_slot", NULL};
     Py_ssize_t num_slots;
-    if (!PyArg_ParseTuple(args, "n", &num_slots))
+    int shards = 1, by_slot = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|ip", keywords, &num_slots, &shards, &by_slot))
         return -1;
     if (sw->tag != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Switch: already initialised");
@@ -399,9 +596,15 @@ static int Switch_init(Switch *sw, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "num_slots = %zd: a switch has 1..65536 slots", num_slots);
         return -1;
     }
+    if (shards < 1 || shards > MAX_SHARDS) {
+        PyErr_Format(PyExc_ValueError, "shards = %d: a switch has 1..%d shards", shards, MAX_SHARDS);
+        return -1;
+    }
     size_t c = 2 * (size_t)num_slots;
     sw->copies = (Py_ssize_t)c;
     sw->fanout = 1;
+    sw->shards = shards;
+    sw->by_slot = by_slot;
     sw->tag = calloc(c, sizeof(uint64_t));  /* the power-up state: all zeros, every copy empty */
     sw->bitmap = calloc(c, sizeof(uint32_t));
     sw->count = calloc(c, sizeof(uint32_t));
@@ -409,9 +612,38 @@ static int Switch_init(Switch *sw, PyObject *args, PyObject *kw) {
     sw->values = calloc(c, sizeof(unsigned char *));
     sw->values_k = calloc(c, sizeof(uint32_t));
     sw->jobs = calloc(N_JOBS, sizeof(Job *));
-    if (!sw->tag || !sw->bitmap || !sw->count || !sw->exponent || !sw->values || !sw->values_k || !sw->jobs) {
+    sw->shard = aligned_alloc(LINE, (size_t)shards * sizeof(ShardRow));
+    if (!sw->tag || !sw->bitmap || !sw->count || !sw->exponent || !sw->values || !sw->values_k || !sw->jobs
+            || !sw->shard) {
         PyErr_NoMemory();
         return -1;
+    }
+    memset(sw->shard, 0, (size_t)shards * sizeof(ShardRow));
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+#ifdef PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP  /* a control request is not starved by shards taking turns */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    int err = pthread_rwlock_init(&sw->table, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    if (err) {
+        PyErr_SetString(PyExc_RuntimeError, "Switch: no lock for the job table");
+        return -1;
+    }
+    sw->table_ready = 1;
+    if (shards > 1) {
+        if ((sw->copy_lock = calloc(c, sizeof(pthread_mutex_t))) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        pthread_mutexattr_t mattr;
+        pthread_mutexattr_init(&mattr);
+#ifdef PTHREAD_MUTEX_ADAPTIVE_NP  /* held for a copy's stages: spin a little before sleeping */
+        pthread_mutexattr_settype(&mattr, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+        for (size_t i = 0; i < c; i++)
+            pthread_mutex_init(&sw->copy_lock[i], &mattr);
+        pthread_mutexattr_destroy(&mattr);
     }
     return 0;
 }
@@ -421,6 +653,13 @@ static void Switch_dealloc(Switch *sw) {
         free(sw->values[i]);
     for (int j = 0; sw->jobs && j < N_JOBS; j++)
         free(sw->jobs[j]);
+    if (sw->copy_lock != NULL)
+        for (Py_ssize_t i = 0; i < sw->copies; i++)
+            pthread_mutex_destroy(&sw->copy_lock[i]);
+    if (sw->table_ready)
+        pthread_rwlock_destroy(&sw->table);
+    free(sw->copy_lock);
+    free(sw->shard);
     free(sw->tag);
     free(sw->bitmap);
     free(sw->count);
@@ -435,8 +674,10 @@ static PyMethodDef Switch_methods[] = {
     {"process", (PyCFunction)Switch_process, METH_VARARGS, process_doc},
     {"install", (PyCFunction)Switch_install, METH_VARARGS, install_doc},
     {"remove", (PyCFunction)Switch_remove, METH_O, "Remove a job: its packets are no longer admitted."},
-    {"counters", (PyCFunction)Switch_counters, METH_O,
-     "counters(None): the GlobalDrop counters; counters(job_id): that job's JobCounter counters."},
+    {"counters", (PyCFunction)Switch_counters, METH_VARARGS, counters_doc},
+    {"shard_stats", (PyCFunction)Switch_shard_stats, METH_NOARGS,
+     "shard_stats() -> [(datagrams, off_home), ...]: per shard, the datagrams it served and how many of them\n"
+     "the steering would have sent to another shard (slot % shards; 0 with one shard)."},
     {"copy_state", (PyCFunction)Switch_copy_state, METH_O,
      "copy_state(i) -> (tag, bitmap, count, exponent, values or None) of register index i = 2 * slot + copy\n"
      "(the fields of switchagg.switch.registers.CopyState)."},

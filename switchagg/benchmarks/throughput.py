@@ -15,6 +15,13 @@ hardware) and ``ratio_vs_gloo`` (our throughput over gloo's), the first K's last
 ``pps_vs_gso_ceiling`` puts the packets the switch took per second over what one
 tight sender and one receiver move on the same loopback at the same size
 (:func:`udp_ceiling`), measured in the same run.
+
+``switch_cores`` runs the switch on that many cores (``switchagg switch --cores``, steered by
+``switch_steer``); each round then also says the switch's packets per second per core (the
+packets the workers sent it per second of their calls, over its cores), its CPU per packet, and
+each core's share of the packets with how many came in a message steered by another packet's
+field (its control port's ``status``). With one job and the default steering by job, one core
+serves it all.
 """
 
 from __future__ import annotations
@@ -105,9 +112,17 @@ def _summary(per_worker: list[dict], nbytes: int) -> tuple[float, float, float]:
     return wall, cpu / (nbytes / 2**30), system / (nbytes / 2**30)
 
 
-def _start_switch(cfg: JobConfig, workdir: Path) -> subprocess.Popen:
-    proc, _ = spawn_switch(cfg.write(workdir / "job.toml"), workdir / "switch.ready", stdout=subprocess.DEVNULL)
+def _start_switch(cfg: JobConfig, workdir: Path, cores: int = 1, steer: str = "job") -> subprocess.Popen:
+    proc, _ = spawn_switch(cfg.write(workdir / "job.toml"), workdir / "switch.ready", stdout=subprocess.DEVNULL,
+                           switch_args=("--cores", str(cores), "--steer", steer) if cores > 1 else ())
     return proc
+
+
+def _shard_stats(cfg: JobConfig) -> list[dict[str, int]]:
+    """What each of the switch's cores served so far (its control port's ``status``)."""
+    from ..switch.control_client import request
+
+    return request(cfg.control, {"op": "status"})["shards"]
 
 
 def _process_cpu(pid: int) -> tuple[float, float] | None:
@@ -201,15 +216,18 @@ def udp_ceiling(size: int, *, segmentation: bool | None = None, seconds: float =
     return received / (last - first) if last > first else 0.0
 
 
-def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) -> dict:
-    """One run through a fresh embedded switch process: per-call figures, packet rates, the switch's CPU per call."""
+def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int, cores: int = 1,
+                       steer: str = "job") -> dict:
+    """One run through a fresh embedded switch process: per-call figures, packet rates, the switch's CPU per call
+    and what each of its cores served."""
     cfg = loopback_job(workers, values_per_packet=k, slot_count=slots)
     with tempfile.TemporaryDirectory() as tmp:
-        switch = _start_switch(cfg, Path(tmp))
+        switch = _start_switch(cfg, Path(tmp), cores, steer)
         try:
             before = _process_cpu(switch.pid)
             ours = run_processes(_switchagg_worker, workers, (cfg.to_toml(), numel, reps))
             after = _process_cpu(switch.pid)
+            shards = _shard_stats(cfg)
         finally:
             switch.terminate()
             switch.wait(10)
@@ -217,10 +235,27 @@ def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int) 
     switch_cpu = None if not (before and after) else \
         tuple((b - a) / (reps + 1) for a, b in zip(before, after, strict=True))
     busy = [sum(w["wall"]) for w in ours]  # each worker's time in its timed calls
+    pps_out = statistics.mean(w["sent"] / b for w, b in zip(ours, busy, strict=True))
+    served = sum(s["datagrams"] for s in shards)
     return {"wall": wall, "cpu": cpu, "system": system, "switch": switch_cpu, "backend": ours[0]["backend"],
-            "resent": sum(w["retransmissions"] for w in ours),
-            "pps_out": statistics.mean(w["sent"] / b for w, b in zip(ours, busy, strict=True)),
-            "pps_in": statistics.mean(w["received"] / b for w, b in zip(ours, busy, strict=True))}
+            "resent": sum(w["retransmissions"] for w in ours), "pps_out": pps_out,
+            "pps_in": statistics.mean(w["received"] / b for w, b in zip(ours, busy, strict=True)),
+            "cores": cores, "pps_per_core": workers * pps_out / cores,
+            # the switch's CPU per datagram it served (the warm-up call's too, as its CPU figure has them)
+            "switch_cpu_per_packet": None if not switch_cpu else sum(switch_cpu) * (reps + 1) / max(served, 1),
+            "shares": [s["datagrams"] / max(served, 1) for s in shards],
+            "off_home": sum(s["off_home"] for s in shards) / max(served, 1)}
+
+
+def _switch_line(run: dict) -> str:
+    """A round's figures of the switch's cores: packets per second per core, CPU per packet, each core's share."""
+    line = f"{run['pps_per_core'] / 1e3:.0f}k packets/s per core"
+    if run["switch_cpu_per_packet"] is not None:
+        line += f", {run['switch_cpu_per_packet'] * 1e9:.0f} ns of CPU per packet"
+    if run["cores"] > 1:
+        line += (f", each core's share of the packets {' '.join(f'{x:.0%}' for x in run['shares'])}, "
+                 f"{run['off_home']:.1%} in a message steered by another packet's field")
+    return line
 
 
 def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
@@ -239,7 +274,8 @@ def _progress(total: int):
 
 
 def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[int] = (64, 16000),
-              slots: int | None = None, rounds: int = 3, gloo: bool = True, plot: str | None = None) -> int:
+              slots: int | None = None, rounds: int = 3, gloo: bool = True, plot: str | None = None,
+              switch_cores: int = 1, switch_steer: str = "job") -> int:
     """Measure gloo and switchagg at each K back to back, ``rounds`` times; print the medians of the rounds' ratios.
 
     Back to back, because the speed of a shared machine drifts over a minute by more
@@ -250,7 +286,8 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads spinning in the children
     print(f"bench: {workers} workers, {mib:g} MiB float32 ({numel} elements), {rounds} rounds of gloo and "
           f"switchagg at K={', '.join(map(str, ks))} back to back, each a warm-up + {reps} calls (median); "
-          f"cores here: {os.cpu_count()}")
+          f"cores here: {os.cpu_count()}; the switch on {switch_cores} core"
+          + (f"s steered by {switch_steer}" if switch_cores > 1 else ""))
     if gloo:
         try:
             import torch  # noqa: F401
@@ -269,7 +306,8 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
                 if gloo:
                     bases.append(_measure_gloo(workers, numel, reps))
             else:
-                runs[side].append(_measure_switchagg(workers, numel, reps, side, slot_counts[side]))
+                runs[side].append(_measure_switchagg(workers, numel, reps, side, slot_counts[side], switch_cores,
+                                                     switch_steer))
             if bar is not None and (side != "gloo" or gloo):
                 bar.update()
         if bar is not None:
@@ -282,6 +320,8 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
             if ours["switch"]:
                 line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
             print(line)
+            print(f"round {r}: switch K={k} on {ours['cores']} core{'s' if ours['cores'] > 1 else ''}: "
+                  f"{_switch_line(ours)}")
         if gloo:
             base = bases[-1]
             print(f"round {r}: gloo {base['wall'] * 1e3:.1f} ms ({nbytes / base['wall'] / 2**30:.3f} GiB/s), "
@@ -299,6 +339,13 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
               f"one receiver, {size}-byte datagrams: {gso / 1e3:.0f}k/s with GSO/GRO, {plain / 1e3:.0f}k/s with "
               f"sendmmsg/recvmmsg")
     for k in ks[::-1]:  # the first K's figures last
+        per_core = statistics.median(x["pps_per_core"] for x in runs[k])
+        cpu_each = [x["switch_cpu_per_packet"] for x in runs[k] if x["switch_cpu_per_packet"] is not None]
+        each = " ".join(f"{x['pps_per_core'] / 1e3:.0f}k" for x in runs[k])
+        print(f"K={k}: switch on {switch_cores} core{'s' if switch_cores > 1 else ''}: packets/s per core "
+              f"{per_core / 1e3:.0f}k (median of the rounds': {each})"
+              + (f", CPU per packet {statistics.median(cpu_each) * 1e9:.0f} ns" if cpu_each else ""))
+        print(f"switch_pps_per_core{'' if k == ks[0] else f'_k{k}'}={per_core:.0f}")
         pps = [workers * run["pps_out"] / ceilings[k] for run in runs[k]] if ceilings[k] else []
         print(f"K={k}: packets/s per worker {statistics.median(x['pps_out'] for x in runs[k]) / 1e3:.0f}k out, "
               f"{statistics.median(x['pps_in'] for x in runs[k]) / 1e3:.0f}k in; pps_vs_gso_ceiling="

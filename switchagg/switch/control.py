@@ -1,7 +1,8 @@
 """The embedded switch's control port, its server side: one JSON request per line over TCP, one JSON reply.
 
-Requests (``op``): reads need nothing more, ``status``, and ``slots`` with ``job`` and ``slots`` (the
-job's own slot numbers); changes need the job's key, ``add_job`` with ``config`` (TOML text: the
+Requests (``op``): reads need nothing more, ``status`` (with the counters summed over the switch's
+cores, and what each core's shard served), and ``slots`` with ``job`` and ``slots`` (the job's own
+slot numbers: the one table every shard serves); changes need the job's key, ``add_job`` with ``config`` (TOML text: the
 key is the one it carries), ``reset`` and ``remove_job`` with ``job`` and ``key`` (the installed job's).
 A reply is an object; a request that cannot be served, for whatever reason, gets ``{"error": "..."}``
 saying why, and the connection stays open for the next one.
@@ -35,12 +36,14 @@ class ServedSwitch(Protocol):
 
     address: tuple[str, int]
     backend: str
+    cores: int
 
     def add_job(self, config: JobConfig) -> int: ...
     def remove_job(self, job_id: int) -> None: ...
     def reset_job(self, job_id: int) -> int: ...
     def jobs(self) -> dict[int, JobEntry]: ...
     def counters(self) -> dict[str, object]: ...
+    def shard_stats(self) -> list[dict[str, int]]: ...
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]: ...
 
 
@@ -130,8 +133,8 @@ def _dispatch(switch: ServedSwitch, req: dict[str, Any]) -> dict[str, Any]:
         jobs = {str(j): {"generation": e.generation, "slot_base": e.slot_base, "slot_count": e.slot_count,
                          "values_per_packet": e.values_per_packet, "workers": [list(w) for w in e.workers]}
                 for j, e in switch.jobs().items()}
-        return {"address": list(switch.address), "backend": switch.backend, "jobs": jobs,
-                "counters": _str_keys(switch.counters())}
+        return {"address": list(switch.address), "backend": switch.backend, "cores": switch.cores, "jobs": jobs,
+                "counters": _str_keys(switch.counters()), "shards": switch.shard_stats()}
     if op == "slots":
         entry = _installed(switch, req)
         slots = req.get("slots")

@@ -8,6 +8,11 @@ packet than the workers it serves. The job table is the shared one; admission, r
 and counters live in C. The data plane takes a batch of datagrams (:meth:`process_batch`) as
 the server's socket lays them out; :meth:`process` takes one, for tests and the plain socket
 backend. The stage trace is not recorded here: the model documents the order.
+
+With ``shards`` > 1 several threads serve the one table at once, each calling
+:meth:`process_batch` with its own shard number (the C code takes a lock per copy and keeps
+counters per shard, see ``_switch.c``); :meth:`counters` sums the shards', and
+:meth:`shard_stats` says what each served.
 """
 
 from __future__ import annotations
@@ -24,16 +29,24 @@ from ..transport import NAME_SIZE, from_sockaddr_in, sockaddr_in
 from ..wire import HEADER_SIZE, MAX_WORKERS, unpack_header, values_of
 from .records import CopyState, Emit, slot_state
 
+MAX_SHARDS = 64  # _switch.c's
+
 
 class NativeSwitch:
-    """Aggregation state and admission of one switch with ``num_slots`` slots, in C."""
+    """Aggregation state and admission of one switch with ``num_slots`` slots, in C, served by ``shards``
+    threads (1..:data:`MAX_SHARDS`) that the kernel steers datagrams to by ``steer``, ``"job"`` or
+    ``"slot"`` (:func:`~switchagg.switch.server.home_shard`: what ``off_home`` is counted against)."""
 
-    def __init__(self, num_slots: int = 1024) -> None:
+    def __init__(self, num_slots: int = 1024, shards: int = 1, steer: str = "job") -> None:
         if not 1 <= num_slots <= 0x10000:
             raise ConfigError(f"num_slots = {num_slots}: a switch has 1..65536 slots")
-        self.num_slots = num_slots
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ConfigError(f"shards = {shards}: a switch has 1..{MAX_SHARDS} shards")
+        if steer not in ("job", "slot"):
+            raise ConfigError(f"steer = {steer!r}: the shards are steered by job or slot")
+        self.num_slots, self.shards, self.steer = num_slots, shards, steer
         self.table = JobTable(num_slots)
-        self._core = _native.Switch(num_slots)
+        self._core = _native.Switch(num_slots, shards, steer == "slot")
         self._frame_drops = [0] * len(GlobalDrop)  # what process_frame drops, before the C switch sees it
 
     # ---- control plane -------------------------------------------------------------------------
@@ -65,18 +78,18 @@ class NativeSwitch:
 
     def process_batch(self, in_buf: np.ndarray, in_offsets: np.ndarray, in_lengths: np.ndarray,
                       in_names: np.ndarray, start: int, stop: int, out_buf: np.ndarray, out_offsets: np.ndarray,
-                      out_lengths: np.ndarray, out_names: np.ndarray) -> tuple[int, int]:
+                      out_lengths: np.ndarray, out_names: np.ndarray, shard: int = 0) -> tuple[int, int]:
         """Datagrams ``start..stop-1`` in, packets to send out, as the server's socket lays both out;
-        see ``_native.Switch.process``.
+        see ``_native.Switch.process``. It runs without the GIL; ``shard`` is the calling thread's.
 
         Returns the next datagram to handle (it stops early when the out arrays might not hold
         the next one's packets) and how many packets it wrote.
         """
         return self._core.process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets,
-                                  out_lengths, out_names)
+                                  out_lengths, out_names, shard)
 
-    def process(self, data: bytes | memoryview, src: Address) -> list[Emit]:
-        """One datagram in, what to send out: :meth:`SwitchModel.process`'s contract."""
+    def process(self, data: bytes | memoryview, src: Address, shard: int = 0) -> list[Emit]:
+        """One datagram in, what to send out: :meth:`SwitchModel.process`'s contract (served by ``shard``)."""
         size = max(len(data), HEADER_SIZE)
         names = np.frombuffer(sockaddr_in(src), dtype=np.uint8).reshape(1, NAME_SIZE)
         out = np.empty(MAX_WORKERS * size, dtype=np.uint8)
@@ -85,7 +98,7 @@ class NativeSwitch:
         out_names = np.empty((MAX_WORKERS, NAME_SIZE), dtype=np.uint8)
         _, made = self.process_batch(np.frombuffer(bytes(data), dtype=np.uint8), np.zeros(1, np.uint32),
                                      np.array([len(data)], dtype=np.uint32), names, 0, 1, out, out_offsets,
-                                     out_lengths, out_names)
+                                     out_lengths, out_names, shard)
         emits = []
         for i in range(made):
             payload = out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes()
@@ -105,10 +118,20 @@ class NativeSwitch:
 
     # ---- observation ---------------------------------------------------------------------------
 
-    def counters(self) -> dict[str, object]:
-        drops = [c + f for c, f in zip(self._core.counters(None), self._frame_drops, strict=True)]
+    def counters(self, shard: int | None = None) -> dict[str, object]:
+        """The model's counters: every shard's summed, or with ``shard`` that shard's alone (the drops
+        of :meth:`process_frame`, which no shard sees, count in the sum only)."""
+        frame_drops = self._frame_drops if shard is None else [0] * len(self._frame_drops)
+        drops = [c + f for c, f in zip(self._core.counters(None, shard), frame_drops, strict=True)]
         return {"global": named_counters(drops, None)[0],
-                "jobs": {job: named_counters(drops, self._core.counters(job))[1] for job in self.table.as_dict()}}
+                "jobs": {job: named_counters(drops, self._core.counters(job, shard))[1]
+                         for job in self.table.as_dict()}}
+
+    def shard_stats(self) -> list[dict[str, int]]:
+        """Per shard: the datagrams it served, and how many of them the steering (:mod:`switchagg.switch.server`)
+        would have sent to another shard: those that came inside another datagram's segmented message, or
+        that another thread handed it. Always 0 with one shard."""
+        return [{"datagrams": d, "off_home": o} for d, o in self._core.shard_stats()]
 
     def registers(self, i: int) -> CopyState:
         return CopyState(*self._core.copy_state(i))

@@ -8,25 +8,156 @@ or as ``switchagg switch``. An optional control port (TCP, one JSON object per
 line, see :mod:`switchagg.switch.control`) lets another process read counters,
 reset a job or see which workers a slot still waits for; it listens on loopback
 unless ``control_public`` says otherwise.
+
+**Several cores** (``cores`` > 1, ``switchagg switch --cores N``): ``N`` threads serve the one
+:class:`NativeSwitch`, each from a socket of its own, all bound to the switch's address in one
+``SO_REUSEPORT`` group, and a classic BPF program on the group (``SO_ATTACH_REUSEPORT_CBPF``, which
+for UDP reads the payload from the switchagg header's first byte) steers each datagram to a shard:
+
+* ``steer="job"`` (the default): shard ``job % N``, the header's ``job`` field (bytes 4-5). Every
+  packet of a job, whatever its type, is served by one shard, so its results leave in the order
+  its packets came, as from one core; jobs run side by side.
+* ``steer="slot"``: a hash of the header's ``slot`` field (bytes 6-7), :func:`home_shard`, so one
+  job's slots are served on every core. A worker takes a result that overtakes the result of a
+  packet it sent earlier for a sign of loss (RACK, a reorder window of a quarter of the shortest
+  round trip), and two shards serving one job's consecutive slots at once overtake each other all
+  the time: on loopback with 4 workers at K = 64 a third of the packets were resent and a call
+  took twice as long (README, "The embedded switch on several cores"). For workers that tolerate
+  reordering.
+
+A datagram too short to hold the field goes to shard 0. Every packet the switch takes carries
+both fields: a CONTRIB and a QUERY the job and slot whose state they need, a PROBE its job and
+slot 0 (it needs the job table alone). The kernel steers a *message*, though: a worker's
+segmented send (GSO, up to 128 datagrams) reaches one shard whole, as a NIC's coalesced receive
+would; its datagrams share their sender's job, not their slots. So the registers are not split
+between the shards: they are one table, and a shard serves whatever reaches it, under a lock per
+copy taken for the packet's stages (``_switch.c``). A datagram that reaches another shard than
+the rule names is served exactly as there, and counted (``off_home``, per shard, in
+:meth:`SoftSwitch.shard_stats` and the control port's ``status``). The C work and the socket
+calls run without the GIL. Counters are kept per shard and summed; a job's install, reset or
+removal takes the table from every shard at once (a batch in progress finishes first), so no
+packet sees a job half installed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import socket
+import struct
 import threading
 
+from .. import _udp
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
 from ..jobs import JobEntry, new_generation
-from ..transport import MAX_UDP, UdpSocket
-from ..wire import UDP_PORT
+from ..transport import BATCHED_AVAILABLE, MAX_UDP, UdpSocket
+from ..wire import FIELDS, UDP_PORT
 from .control import ControlServer, check_control_address
 from .model import SwitchModel
-from .native import NativeSwitch
+from .native import MAX_SHARDS, NativeSwitch
 from .records import RESULTS_KEPT
 
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
 OUT_BYTES = 8 << 20  # ... and their bytes: room for 32 multicasts of the largest datagrams
+
+SO_ATTACH_REUSEPORT_CBPF = 51  # asm-generic/socket.h
+STEERING = ("job", "slot")
+_AT = {f.name: sum(g.bits for g in FIELDS[:i]) // 8 for i, f in enumerate(FIELDS)}
+assert (_AT["job"], _AT["slot"]) == (4, 6) and {f.bits for f in FIELDS if f.name in ("job", "slot")} == {16}
+SPREAD = 0x9E3779B1  # 2^32 / the golden ratio, odd: slots a power of two apart still spread over the shards
+# linux/bpf_common.h: ld h [k] (big-endian, as the header has it); a *= k; a >>= k; a %= k; ret a
+_LD_H_ABS, _MUL_K, _RSH_K, _MOD_K, _RET_A = 0x28, 0x24, 0x74, 0x94, 0x16
+
+
+def home_shard(job: int, slot: int, shards: int, steer: str = "job") -> int:
+    """The shard the steering sends a datagram of ``job`` and ``slot`` to (``_switch.c`` counts the others).
+
+    By job: ``job % shards``. By slot: ``((slot * SPREAD) mod 2^32 >> 16) % shards``, not plain
+    ``slot % shards``: a worker's segmented message is 64 or 128 datagrams of consecutive slots,
+    steered by its first, and its messages start at slots a power of two apart, which went to
+    shard 0 every one.
+    """
+    if steer == "job":
+        return job % shards
+    return (((slot * SPREAD) & 0xFFFFFFFF) >> 16) % shards
+
+
+def steering_program(shards: int, steer: str = "job") -> bytes:
+    """The classic BPF program that picks a datagram's shard, :func:`home_shard` (its sock_filter array).
+
+    A reuseport program for UDP sees the UDP payload from its first byte; a load past the end of
+    a short datagram ends the program with 0, so such a datagram goes to shard 0. Classic BPF's
+    arithmetic is 32-bit, as the hash's.
+    """
+    if steer == "job":
+        program = ((_LD_H_ABS, _AT["job"]), (_MOD_K, shards), (_RET_A, 0))
+    else:
+        program = ((_LD_H_ABS, _AT["slot"]), (_MUL_K, SPREAD), (_RSH_K, 16), (_MOD_K, shards), (_RET_A, 0))
+    return b"".join(struct.pack("=HBBI", code, 0, 0, k) for code, k in program)
+
+
+def _attach_steering(sock: socket.socket, shards: int, steer: str) -> None:
+    code = steering_program(shards, steer)
+    filters = ctypes.create_string_buffer(code, len(code))  # the kernel copies it during the call
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF,
+                    struct.pack("@HP", len(code) // 8, ctypes.addressof(filters)))
+
+
+def _group_member(address: tuple[str, int], **options) -> UdpSocket:
+    """Another :class:`UdpSocket` on ``address``, in the SO_REUSEPORT group that the first one there formed.
+
+    UdpSocket binds its socket itself, and a socket joins a group only if it asked before it bound.
+    So this binds a UdpSocket to a free port (its arrays, what it probed of GSO and GRO) and puts a
+    socket that joined the group under the very same descriptor (``dup2``), set up as UdpSocket sets
+    up its own: buffers, UDP_GRO where it took it, non-blocking (``tests/test_switch_cores.py`` holds
+    the two alike).
+    """
+    sock = UdpSocket((address[0], 0), **options)
+    member = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        member.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):  # SO_*BUFFORCE, as UdpSocket
+            size = sock.sock.getsockopt(socket.SOL_SOCKET, plain) // 2  # the kernel reports twice what was set
+            try:
+                member.setsockopt(socket.SOL_SOCKET, force, size)
+            except OSError:
+                member.setsockopt(socket.SOL_SOCKET, plain, size)
+        member.bind(address)
+        if sock.gro:
+            member.setsockopt(_udp.SOL_UDP, _udp.UDP_GRO, 1)
+        member.setblocking(False)
+        os.dup2(member.fileno(), sock.sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        member.close()
+    return sock
+
+
+def shard_sockets(address: tuple[str, int], shards: int, steer: str = "job", **options) -> list[UdpSocket]:
+    """One :class:`UdpSocket` per shard on ``address`` (port 0: a free one), steered as ``steer`` says
+    (:func:`home_shard`); for one shard, a plain one.
+
+    The first binds as a lone socket would (a port 0 it picks is free, and a port another
+    process holds is refused, even one in an SO_REUSEPORT group of its own) and then lets the
+    others join it.
+    """
+    first = UdpSocket(address, **options)
+    if shards == 1:
+        return [first]
+    socks = [first]
+    try:
+        first.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        socks += [_group_member(first.address, **options) for _ in range(shards - 1)]
+        _attach_steering(first.sock, shards, steer)  # the group's sockets in the order they joined: shard i is socks[i]
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 class SoftSwitch:
@@ -37,24 +168,39 @@ class SoftSwitch:
     the socket's (:class:`~switchagg.transport.UdpSocket`): None uses GSO/GRO where the kernel has them.
     The control port, where ``control`` names one, must be on loopback unless ``control_public``:
     whoever reaches it reads the counters, and whoever knows a job's key resets or removes the job.
+    ``cores`` is how many threads serve the C switch, each from its own socket, ``steer`` which
+    field picks a datagram's (``"job"`` or ``"slot"``, see the module's doc); more than one core
+    needs Linux's batched sockets.
     """
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
                  batched: bool | None = None, batch: int = 64, native: bool = True,
-                 segmentation: bool | None = None, control_public: bool = False) -> None:
+                 segmentation: bool | None = None, control_public: bool = False, cores: int = 1,
+                 steer: str = "job") -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
         if self.control_address is not None:  # refused here, before anything is bound
             check_control_address(self.control_address, control_public)
         self._control_public = control_public
-        self.model = NativeSwitch(num_slots) if native else SwitchModel(num_slots)
-        self.lock = threading.Lock()
+        if not 1 <= cores <= MAX_SHARDS:
+            raise ConfigError(f"cores = {cores}: the switch runs on 1..{MAX_SHARDS} cores")
+        if cores > 1 and not native:
+            raise ConfigError(f"cores = {cores}: only the C switch (native=True) runs on several cores")
+        if steer not in STEERING:
+            raise ConfigError(f"steer = {steer!r}: the shards are steered by {' or '.join(STEERING)}")
+        if cores > 1 and (batched is False or not BATCHED_AVAILABLE):
+            raise ConfigError(f"cores = {cores}: several cores need Linux's batched sockets (SO_REUSEPORT "
+                              "and its steering program); use cores=1")
+        self.cores, self.steer = cores, steer
+        self.model = NativeSwitch(num_slots, cores, steer) if native else SwitchModel(num_slots)
+        self.lock = threading.Lock()  # the control operations' (and the pure model's, which has no lock of its own)
         if not 1 <= batch <= RESULTS_KEPT:
             raise ConfigError(f"batch = {batch}: the switch receives 1..{RESULTS_KEPT} packets at a time")
         self._batched, self._batch, self._segmentation = batched, batch, segmentation
         self._sock: UdpSocket | None = None
-        self._thread: threading.Thread | None = None
+        self._socks: list[UdpSocket] = []
+        self._threads: list[threading.Thread] = []
         self._control: ControlServer | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -63,36 +209,42 @@ class SoftSwitch:
 
     def start(self) -> SoftSwitch:
         if isinstance(self.model, NativeSwitch):  # results of a whole receive, grouped by worker when sent
-            self._sock = UdpSocket(self.address, batch=OUT_PACKETS, max_datagram=MAX_UDP, out_bytes=OUT_BYTES,
-                                   batched=self._batched, segmentation=self._segmentation)
+            self._socks = shard_sockets(self.address, self.cores, self.steer, batch=OUT_PACKETS, max_datagram=MAX_UDP,
+                                        out_bytes=OUT_BYTES, batched=self._batched, segmentation=self._segmentation)
         else:
-            self._sock = UdpSocket(self.address, batch=self._batch, max_datagram=MAX_UDP, batched=self._batched,
-                                   segmentation=self._segmentation)
+            self._socks = [UdpSocket(self.address, batch=self._batch, max_datagram=MAX_UDP, batched=self._batched,
+                                     segmentation=self._segmentation)]
+        self._sock = self._socks[0]
         self.address = self._sock.address
         if self.control_address is not None:
             try:
                 self._control = ControlServer(self.control_address, self, public=self._control_public)
             except BaseException:
-                self._sock.close()
-                self._sock = None
+                self._close_sockets()
                 raise
             self.control_address = self._control.address
         self._stop.clear()
-        self._thread = threading.Thread(target=self._serve, name="switchagg-switch", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._serve, args=(shard,), daemon=True,
+                                          name="switchagg-switch" + (f"-{shard}" if self.cores > 1 else ""))
+                         for shard in range(len(self._socks))]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         if self._control is not None:
             self._control.close()
             self._control = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in self._socks:
+            sock.close()
+        self._socks, self._sock = [], None
 
     def __enter__(self) -> SoftSwitch:
         return self.start()
@@ -104,27 +256,32 @@ class SoftSwitch:
     def backend(self) -> str:
         return self._sock.backend if self._sock else "stopped"
 
-    def _serve(self) -> None:
+    @property
+    def sockets(self) -> list[UdpSocket]:
+        """The shards' sockets, shard 0's first (one without ``cores``); empty while stopped."""
+        return list(self._socks)
+
+    def _serve(self, shard: int) -> None:
         try:
             if isinstance(self.model, NativeSwitch):
-                self._serve_batches(self._sock, self.model)
+                self._serve_batches(self._socks[shard], self.model, shard)
             else:
                 self._serve_model(self._sock, self.model)
         except BaseException as exc:  # surfaced by counters() and the CLI rather than lost
             self.error = exc
             raise
 
-    def _serve_batches(self, sock: UdpSocket, model: NativeSwitch) -> None:
-        """Datagrams in and packets out as the socket's arrays: no Python object per packet."""
+    def _serve_batches(self, sock: UdpSocket, model: NativeSwitch, shard: int) -> None:
+        """Datagrams in and packets out as the socket's arrays: no Python object per packet. The C switch
+        locks what it touches (a control operation waits for the batch), and runs without the GIL."""
         while not self._stop.is_set():
             got = sock.recv_packets(0.05)
-            with self.lock:
-                start = 0
-                while start < got:
-                    start, made = model.process_batch(sock.in_buf, sock.in_offsets, sock.in_lengths, sock.in_names,
-                                                      start, got, sock.out_buf, sock.out_offsets, sock.out_lengths,
-                                                      sock.out_names)
-                    sock.send_packets(made)
+            start = 0
+            while start < got:
+                start, made = model.process_batch(sock.in_buf, sock.in_offsets, sock.in_lengths, sock.in_names,
+                                                  start, got, sock.out_buf, sock.out_offsets, sock.out_lengths,
+                                                  sock.out_names, shard)
+                sock.send_packets(made)
 
     def _serve_model(self, sock: UdpSocket, model: SwitchModel) -> None:
         while not self._stop.is_set():
@@ -164,8 +321,18 @@ class SoftSwitch:
             return dict(self.model.jobs)
 
     def counters(self) -> dict[str, object]:
+        """Every counter, summed over the shards."""
         with self.lock:
             return self.model.counters()
+
+    def shard_stats(self) -> list[dict[str, int]]:
+        """Per shard (one with one core; none for the pure model): the datagrams it served, and how many of
+        them the steering would have sent elsewhere: those that came inside a message steered by
+        another datagram's field (``off_home``; served all the same)."""
+        if not isinstance(self.model, NativeSwitch):
+            return []  # the pure model counts no datagrams of its own
+        with self.lock:
+            return self.model.shard_stats()
 
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]:
         """Both copies of each of the job's ``slots`` (its own numbers, 0..slot_count - 1)."""
