@@ -8,6 +8,7 @@ import dataclasses
 import json
 import signal
 import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from switchagg import Client
 from switchagg.__main__ import build_parser, main
 from switchagg.loopback import free_ports, spawn_switch
+from switchagg.switch.control_client import request
 from switchagg.transport import BATCHED_AVAILABLE
 
 from .conftest import loopback_config, run_ranks
@@ -95,21 +97,40 @@ def test_switch_refuses_a_public_control_port_unless_told(tmp_path, capsys):
     assert "--control-any-address: this switch has no control port" in capsys.readouterr().err
 
 
-def test_switch_without_a_job_file_takes_jobs_through_its_control_port(tmp_path, capsys):
+@pytest.mark.parametrize("cores", [1, 2] if BATCHED_AVAILABLE else [1])
+def test_switch_without_a_job_file_takes_jobs_through_its_control_port(tmp_path, capsys, cores):
     assert main(["switch", "--address", "127.0.0.1:1"]) == 1
     assert "with no --config, give --address" in capsys.readouterr().err
     udp, control = free_ports(1)[0], free_ports(1, socket.SOCK_STREAM)[0]
     proc, _ = spawn_switch(None, tmp_path / "ready.json",
-                           switch_args=("--address", f"127.0.0.1:{udp}", "--control", f"127.0.0.1:{control}"))
+                           switch_args=("--address", f"127.0.0.1:{udp}", "--control", f"127.0.0.1:{control}",
+                                        "--cores", str(cores)))
     try:
         cfg = loopback_config(2, switch_port=udp, control=control, k=64)
         path = cfg.write(tmp_path / "job.toml")
         assert main(["deploy", "--config", str(path)]) == 0
         results = run_ranks(2, lambda r: Client(cfg, r).allreduce(np.full(100, r + 1, dtype=np.int32)))
         assert all(np.array_equal(res, np.full(100, 3)) for res in results)
+        capsys.readouterr()
+        assert main(["status", "--json", "--config", str(path)]) == 0
+        assert json.loads(capsys.readouterr().out)["counters"]["results_multicast"] > 0
+        status = request(cfg.control, {"op": "status"})
+        assert status["cores"] == cores and sum(s["datagrams"] for s in status["shards"]) > 0
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="several cores need Linux's batched sockets")
+def test_switch_on_two_cores_says_so_and_how_it_steers(tmp_path):
+    cfg = loopback_config(2, switch_port=free_ports(1)[0], k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    proc, ready = spawn_switch(path, tmp_path / "ready.json", switch_args=("--cores", "2", "--steer", "slot"),
+                               stdout=subprocess.PIPE, text=True)
+    proc.terminate()
+    out = proc.communicate(timeout=10)[0]
+    assert ready["address"] == ["127.0.0.1", cfg.switch.port]
+    assert ", 2 cores steered by slot)" in out
 
 
 def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
@@ -132,6 +153,10 @@ def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
      "--rounds, --plot: `switchagg bench --ddp` does not use them"),
     (["bench", "--loss-rates", "1"], "--loss-rates: `switchagg bench (throughput)` does not use it"),
     (["switch", "--slots", "0"], "--slots 0: a switch has 1..65536 slots"),
+    (["switch", "--cores", "0"], "--cores 0: the switch runs on 1..64 cores"),
+    (["bench", "--loss", "--switch-cores", "2"], "--switch-cores: `switchagg bench --loss` does not use it"),
+    (["bench", "--ddp", "--switch-steer", "slot"], "--switch-steer: `switchagg bench --ddp` does not use it"),
+    (["bench", "--switch-cores", "65"], "--switch-cores 65: the switch runs on 1..64 cores"),
 ])
 def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, message):
     path = make_job(2, k=64).write(tmp_path / "job.toml")

@@ -16,10 +16,35 @@ from switchagg.loopback import free_ports
 from switchagg.switch.control import MAX_REQUEST, ControlServer
 from switchagg.switch.control_client import request
 from switchagg.targets import TargetOptions, open_target
+from switchagg.transport import BATCHED_AVAILABLE
+from switchagg.wire import PacketType, make_header, unpack_header
 
 
 def control_of(sw: SoftSwitch) -> Endpoint:
     return Endpoint(*sw.control_address)
+
+
+@pytest.fixture(params=[1, 2] if BATCHED_AVAILABLE else [1], ids=lambda cores: f"{cores}-core")
+def soft_switch(request):
+    """conftest's switch, on one core and on two: the control port serves both alike."""
+    (control,) = free_ports(1, socket.SOCK_STREAM)
+    sw = SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", control), cores=request.param).start()
+    yield sw
+    sw.stop()
+    assert sw.error is None
+
+
+def test_status_says_the_cores_and_what_each_served(make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    probe = make_header(PacketType.PROBE, job=cfg.job_id, worker=0, key=cfg.key).pack()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rank0:
+        rank0.bind(cfg.workers[0].address.tuple)
+        rank0.sendto(probe, soft_switch.address)
+        assert unpack_header(rank0.recv(100)).type == PacketType.PROBE_REPLY
+    status = request(control_of(soft_switch), {"op": "status"})
+    assert status["cores"] == soft_switch.cores and len(status["shards"]) == soft_switch.cores
+    assert sum(s["datagrams"] for s in status["shards"]) == 1 == status["counters"]["jobs"]["1"]["probes"]
+    assert all(s["off_home"] == 0 for s in status["shards"])
 
 
 def test_the_control_port_refuses_an_address_other_than_loopback_unless_told(soft_switch):
