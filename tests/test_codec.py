@@ -4,18 +4,24 @@ values mark their chunk, which every rank then decodes to the same inf/NaN."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from switchagg import _native, codec
-from switchagg.wire import EXP_NONE, EXP_NONFINITE, MAX_WORKERS, VALUE_DTYPE
+from switchagg.protocol import NativeReduction
+from switchagg.switch.model import SwitchModel
+from switchagg.wire import EXP_NONE, EXP_NONFINITE, MAX_WORKERS, VALUE_DTYPE, unpack_header
+
+from . import simnet
+from .simnet import Impairment, Job, SimNet
 
 K = 16
 _LIM = float(np.float32(1e37))  # 32 workers times this still fits a float32 sum
@@ -198,7 +204,9 @@ def test_block_exponents_match_numpy(x, k):
 # mostly ordinary values, so that marked and unmarked blocks both come up.
 any_bits = st.one_of(st.integers(0, 2**32 - 1),
                      st.sampled_from([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x7E800000, 0xFE800000,
-                                      0x7E7FFFFF, 0xFE7FFFFF, 0x7F7FFFFF]),
+                                      0x7E7FFFFF, 0xFE7FFFFF, 0x7F7FFFFF,
+                                      # the exponents' edges below: 2**-126, 2**-127 and their neighbours
+                                      0x00800000, 0x007FFFFF, 0x00400000, 0x803FFFFF, 0x00000001, 0x80000000]),
                      st.floats(-1e6, 1e6, width=32).map(lambda f: int(np.float32(f).view(np.uint32))))
 
 
@@ -314,32 +322,191 @@ def test_kernels_refuse_buffers_that_do_not_fit():
         codec.quantize(np.ones(4, np.float32), 1, 2, frozen)
 
 
-_SCALAR_RUN = """
-import sys, numpy as np
-from switchagg import _native
-assert _native.SIMD == 0
-x = np.frombuffer(sys.stdin.buffer.read(), np.float32)
-q = np.empty(x.size + 3, ">i4")
-_native.quantize(x, q, 9)
-y = np.empty(2 * x.size, np.float32)
-_native.dequantize(q, y[:x.size], 9)
-_native.dequantize(q, y[x.size:], 140)
-acc = q.copy()
-_native.add_be(acc, q[::-1].copy())
-sys.stdout.buffer.write(q.tobytes() + y.tobytes() + acc.tobytes())
-"""
+# ---- every path of the loops, forced one at a time ----------------------------------------------------
+
+PATHS = ("scalar", "avx2", "avx512")
 
 
-def test_scalar_loops_agree_with_the_vector_ones():
-    """Machines without AVX2 run the scalar loops (SWITCHAGG_NO_SIMD=1 picks them here)."""
-    x = np.random.default_rng(3).standard_normal(1001).astype(np.float32) * 1000
-    run = subprocess.run([sys.executable, "-c", _SCALAR_RUN], input=x.tobytes(), capture_output=True,
-                         env={**os.environ, "SWITCHAGG_NO_SIMD": "1"}, check=True)
-    q = np.empty(x.size + 3, VALUE_DTYPE)
-    _native.quantize(x, q, 9)
-    y = np.empty(2 * x.size, np.float32)
-    _native.dequantize(q, y[:x.size], 9)
-    _native.dequantize(q, y[x.size:], 140)  # a scale that is no float32: the double path
-    acc = q.copy()
-    _native.add_be(acc, q[::-1].copy())
-    assert run.stdout == q.tobytes() + y.tobytes() + acc.tobytes()
+def runs(name: str) -> None:
+    """Skip, saying why, where this CPU cannot run path ``name``: never a pass that ran nothing."""
+    if name not in _native.codec_paths():
+        pytest.skip(f"this CPU cannot run the codec's {name} loops (it runs {', '.join(_native.codec_paths())})")
+
+
+@contextlib.contextmanager
+def forced(name: str):
+    """The codec's loops switched to path ``name`` for the whole process, and back to what was chosen."""
+    chosen = _native.codec_path()
+    _native.codec_path(name)
+    try:
+        yield
+    finally:
+        _native.codec_path(chosen)
+
+
+@pytest.fixture(params=PATHS)
+def path(request) -> str:
+    runs(request.param)
+    return request.param
+
+
+def raised(e: int) -> int:
+    """An agreed exponent above this rank's proposal (another rank's was larger), as quantization meets them."""
+    return e if e in (EXP_NONE, EXP_NONFINITE) else min(e + 1, codec.MAX_EXPONENT)
+
+
+def every_kernel(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, shift: int, offset: int) -> dict:
+    """What each kernel makes of these inputs on the path in use, as bytes: maxima and exponents, the
+    block quantized (class codes where it is marked), sums dequantized (also at ``shift``, which may be
+    past a float32 scale) and decoded as class counts, the switch's add, and quantize_propose's proposal
+    and values. The wire side lies at byte ``offset``, as in a packet buffer."""
+    k = block.size + 3
+    wire = np.zeros(4 * k + offset, np.uint8)[offset:].view(VALUE_DTYPE)
+    e = raised(int(codec.propose_exponents(block, k)[0])) if block.size else EXP_NONE
+    out = np.empty(sums.size, np.float32)
+    got = {"propose": codec.propose_exponents(block, 7).tobytes() + codec.propose_exponents(nxt, 16).tobytes(),
+           "quantize": codec.quantize(block, e, n, wire).tobytes(),
+           "dequantize": codec.dequantize(sums, e, n, out).tobytes(),
+           "decode": codec.dequantize(sums, EXP_NONFINITE, n, out).tobytes()}
+    _native.dequantize(sums, out, shift)
+    got["dequantize_shift"] = out.tobytes()
+    acc = sums.copy()
+    _native.add_be(acc, sums[::-1].copy())
+    got["add_be"] = acc.tobytes()
+    if block.size:
+        maxabs = np.empty(1, np.float32)
+        _native.block_maxabs(block, block.size, maxabs)
+        got["maxabs"] = maxabs.tobytes()
+    if e not in (EXP_NONE, EXP_NONFINITE):
+        wire[:] = -1
+        proposal = _native.quantize_propose(block, wire, codec.scale_shift(e, n), nxt)
+        got["quantize_propose"] = (proposal, wire.tobytes())
+    return got
+
+
+def numpy_kernels(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, shift: int) -> dict:
+    """every_kernel's results as the numpy statement of the arithmetic makes them."""
+    k = block.size + 3
+    e = raised(int(reference_exponents(block, k)[0])) if block.size else EXP_NONE
+    quantized = reference_encode_nonfinite(block, k) if e == EXP_NONFINITE else reference_quantize(block, e, n, k)
+    expected = {"propose": np.concatenate([reference_exponents(block, 7), reference_exponents(nxt, 16)]
+                                          ).astype(np.int8).tobytes(),
+                "quantize": quantized.tobytes(),
+                "dequantize": (reference_decode_nonfinite(sums) if e == EXP_NONFINITE
+                               else reference_dequantize(sums, e, n)).tobytes(),
+                "decode": reference_decode_nonfinite(sums).tobytes(),
+                "add_be": (sums.astype(np.int64) + sums[::-1]).astype(np.int32).astype(VALUE_DTYPE).tobytes()}
+    expected["dequantize_shift"] = _times_pow2(sums.astype(np.float32), -shift).tobytes()
+    if block.size:  # the largest |x| as bits: a NaN (any payload) above infinity above every number
+        expected["maxabs"] = np.abs(block).view(np.uint32).max().view(np.float32).tobytes()
+    if e not in (EXP_NONE, EXP_NONFINITE):
+        proposal = int(reference_exponents(nxt, nxt.size)[0]) if nxt.size else EXP_NONE
+        expected["quantize_propose"] = (proposal, quantized.tobytes())
+    return expected
+
+
+# Sizes from none to a few vectors of 16 lanes and a tail, so that every loop's body and remainder run;
+# any float32 bits for the exponents and the class codes, values in the codec's range for quantization.
+sums32 = hnp.arrays(np.int32, st.integers(0, 70)).map(lambda a: a.astype(VALUE_DTYPE))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(bits_array(st.integers(0, 70)), hnp.arrays(np.float32, st.integers(0, 70), elements=wide)),
+       bits_array(st.integers(0, 70)), sums32, st.integers(1, 32), st.integers(-140, 170), st.integers(0, 3),
+       st.integers(0, 15))
+def test_every_path_computes_the_scalar_loops_and_the_numpy_statements_bits(path, block, nxt, sums, n, shift,
+                                                                            offset, skew):
+    """Each path this CPU runs, forced in turn, against the scalar loops and against numpy, bit for bit:
+    max-abs and exponents (NaN, infinities, the top binade, denormals), quantization, class codes,
+    dequantization (also at scales past a float32's), decoding, the switch's add, and quantize_propose."""
+    block = np.concatenate([np.zeros(skew, np.float32), block])[skew:]  # any 4-byte alignment
+    with forced(path):
+        got = every_kernel(block, nxt, sums, n, shift, offset)
+    with forced("scalar"):
+        scalar = every_kernel(block, nxt, sums, n, shift, offset)
+    assert got == scalar
+    with np.errstate(over="ignore"):  # random sums at the largest scales overflow: to inf, as in C
+        assert got == numpy_kernels(block, nxt, sums, n, shift)
+
+
+class _Proposes(_native.Stream):
+    """The C stream told to propose each chunk itself as it sends (proposals=True: one read of the input)."""
+
+    def __init__(self, window, x, out, proposals, *rest, **kw) -> None:
+        super().__init__(window, x, out, None if proposals is None else True, *rest, **kw)
+
+
+class ProposingReduction(NativeReduction, _Proposes):
+    """NativeReduction whose stream makes the proposals as it sends, instead of taking the payloads'."""
+
+
+def _calls_under_loss(impl: str) -> tuple[list, list]:
+    """Three workers' calls (allreduces and reduce-scatters, short last chunks, a NaN that marks a chunk)
+    over links that lose, duplicate and reorder both ways: every packet sent, and every result."""
+    job = Job(n=3, slots=5, k=40)  # 40: two vectors of 16 lanes and a tail, five of 8
+    bad = Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006)
+    rng = np.random.default_rng(11)
+    sizes = [(4001, "allreduce"), (1590, "reduce_scatter"), (7, "allreduce"), (0, "reduce_scatter"), (403, "allreduce")]
+    # each value in a binade of its own choosing, so that a chunk's largest is anywhere in it and alone in
+    # its binade: a max-abs that missed any value (a lane, the tail, the last) proposes another exponent
+    xs = [([(rng.standard_normal(size) * 2.0 ** rng.integers(-40, 40, size)).astype(np.float32) for _ in range(3)],
+           kind) for size, kind in sizes]
+    xs[0][0][1][250] = np.nan  # rank 1's chunk 6 is marked on every rank
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    net = SimNet(model, up=bad, down=bad, seed=4, impl=impl)
+    workers = [net.add_worker(job, rank) for rank in range(3)]
+    results = []
+    for call, kind in xs:
+        for w, x in zip(workers, call, strict=True):
+            net.start(w, x, collective=kind)
+        net.run()
+        assert all(w.error is None for w in workers)
+        results.append([w.out.tobytes() for w in workers])
+    return net.sent_log, results
+
+
+def test_the_stream_proposing_as_it_sends_puts_the_same_bytes_on_the_wire_on_every_path(path, monkeypatch):
+    """The stream's fused send (chunk d quantized, chunk d + S's max-abs read beside it) against the
+    proposals made beforehand, under loss, duplication and reordering, resends included: on each path,
+    the very packets and results that the scalar loops send and get with the payloads' proposals."""
+    monkeypatch.setitem(simnet.IMPLEMENTATIONS, "proposing", ProposingReduction)
+    with forced("scalar"):
+        sent, results = _calls_under_loss("native")
+    with forced(path):
+        assert _calls_under_loss("proposing") == (sent, results)
+    assert any(unpack_header(packet).exponent == EXP_NONFINITE for _, _, packet in sent)  # a chunk went marked
+
+
+@pytest.mark.parametrize("name", PATHS[1:])
+def test_a_path_this_cpu_lacks_cannot_be_chosen(name):
+    if name in _native.codec_paths():
+        pytest.skip(f"this CPU runs the {name} loops: there is no missing path to refuse")
+    with pytest.raises(ValueError, match="cannot run"):
+        _native.codec_path(name)
+
+
+def test_an_unknown_path_is_refused():
+    with pytest.raises(ValueError, match="no codec path"):
+        _native.codec_path("sse2")
+    assert _native.codec_paths()[0] == "scalar"  # every machine has the scalar loops
+
+
+_PATH_RUN = "from switchagg import _native; print(_native.codec_path(), _native.SIMD)"
+
+
+@pytest.mark.parametrize(("env", "most"), [({}, "avx512"), ({"SWITCHAGG_CODEC_PATH": "avx512"}, "avx512"),
+                                           ({"SWITCHAGG_CODEC_PATH": "avx2"}, "avx2"),
+                                           ({"SWITCHAGG_CODEC_PATH": "scalar"}, "scalar"),
+                                           ({"SWITCHAGG_NO_SIMD": "1"}, "scalar"),
+                                           ({"SWITCHAGG_CODEC_PATH": "neon"}, "avx512")])
+def test_the_import_chooses_the_best_path_the_cpu_has_up_to_what_the_environment_allows(env, most):
+    """What a process starts with (and SIMD, 1 for vector loops): the best path this CPU runs, at most
+    SWITCHAGG_CODEC_PATH's; scalar under SWITCHAGG_NO_SIMD; an unknown name is warned about, not obeyed."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("SWITCHAGG_")}
+    run = subprocess.run([sys.executable, "-c", _PATH_RUN], capture_output=True, text=True, env={**clean, **env},
+                         check=True)
+    have = _native.codec_paths()
+    expected = [name for name in PATHS[:PATHS.index(most) + 1] if name in have][-1]
+    assert run.stdout.split() == [expected, str(int(expected != "scalar"))]
+    assert ("RuntimeWarning" in run.stderr) == (env.get("SWITCHAGG_CODEC_PATH") == "neon")
