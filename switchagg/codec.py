@@ -14,8 +14,10 @@ rounding to an integer: at most ``0.5 / s`` per element and worker, and the
 sum of ``n`` contributions is off by at most ``n * 0.5 / s`` before the final
 float32 rounding of the result. ``docs/protocol.md`` states the same bound and
 the property tests check it. The loops over the values run in :mod:`switchagg._native`
-(C, one pass each); ``tests/test_codec.py`` holds them to a plain numpy statement
-of this arithmetic, bit for bit.
+(C, one pass each) on the fastest path the CPU has: AVX-512, AVX2 or scalar, chosen at
+import (``SWITCHAGG_CODEC_PATH`` caps it; ``_native.codec_path()`` says which, and
+switches). Every path computes the same bits: ``tests/test_codec.py`` holds each to the
+scalar one and to a plain numpy statement of this arithmetic.
 
 Non-finite values propagate as allreduce does, and never stop one rank alone
 (which would pair its next call with the others' current one). A block holding
