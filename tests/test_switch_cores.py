@@ -162,14 +162,14 @@ def test_a_control_operation_waits_for_the_batch_in_progress(shards):
     installed. (The batch runs without the GIL; the reset is made once its first answer is out.)"""
     native = NativeSwitch(8, shards)
     native.add_job(job(n=2, gen=5))
-    count = 200_000
+    count = 1_000_000  # tens of milliseconds: long enough for a loaded host to run this thread meanwhile
     probe = make_header(PacketType.PROBE, job=1, worker=0, key=0x5EED).pack()
     buf = np.frombuffer(probe * count, np.uint8)
     offsets = (HEADER_SIZE * np.arange(count)).astype(np.uint32)
     lengths = np.full(count, HEADER_SIZE, np.uint32)
     names = np.tile(np.frombuffer(sockaddr_in(src(0)), np.uint8), (count, 1))
     caught_mid_batch, batches = False, 0
-    while batches < 5 and not caught_mid_batch:
+    while batches < 10 and not caught_mid_batch:
         batches += 1
         out = np.zeros((count + 2) * HEADER_SIZE, np.uint8)
         out_offsets, out_lengths = np.zeros(count + 2, np.uint32), np.zeros(count + 2, np.uint32)
