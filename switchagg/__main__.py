@@ -40,6 +40,8 @@ def _cmd_switch(args: argparse.Namespace) -> int:
         raise ConfigError(f"--slots {args.slots}: a switch has 1..65536 slots")
     if not 1 <= args.cores <= MAX_SHARDS:
         raise ConfigError(f"--cores {args.cores}: the switch runs on 1..{MAX_SHARDS} cores")
+    if args.steer is not None and args.cores == 1:
+        raise ConfigError("--steer: a switch on one core steers nothing; give --cores N as well, or drop it")
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -53,7 +55,7 @@ def _serve_switch(args: argparse.Namespace, configs: list[JobConfig], address: E
     from .switch.server import NUM_SLOTS, SoftSwitch
 
     with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS,
-                    control_public=args.control_any_address, cores=args.cores, steer=args.steer) as sw:
+                    control_public=args.control_any_address, cores=args.cores, steer=args.steer or "job") as sw:
         for cfg in configs:
             gen = sw.add_job(cfg)
             print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
@@ -205,6 +207,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     switch_cores = args.switch_cores if args.switch_cores is not None else 1
     if not 1 <= switch_cores <= MAX_SHARDS:
         raise ConfigError(f"--switch-cores {switch_cores}: the switch runs on 1..{MAX_SHARDS} cores")
+    if args.switch_steer is not None and switch_cores == 1:
+        raise ConfigError("--switch-steer: a switch on one core steers nothing; give --switch-cores N as well")
     return run_bench(workers=workers, mib=args.mib if args.mib is not None else 64,
                      reps=args.reps if args.reps is not None else 5, ks=args.values_per_packet or (64, 16000),
                      slots=args.slots, rounds=rounds, gloo=not args.no_gloo, plot=args.plot, switch_cores=switch_cores,
@@ -247,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", type=int, default=1,
                    help="threads that serve the switch, each from its own socket on the same port (SO_REUSEPORT, "
                         "Linux), the kernel steering each datagram to one by --steer; default 1")
-    p.add_argument("--steer", choices=("job", "slot"), default="job",
+    p.add_argument("--steer", choices=("job", "slot"),
                    help="with --cores: which header field picks a datagram's core. job (default): each job on one "
                         "core, its results in order; slot: a job's slots on every core, whose results overtake "
                         "each other (today's workers resend on that: for workers that tolerate reordering)")

@@ -154,6 +154,8 @@ def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
     (["bench", "--loss-rates", "1"], "--loss-rates: `switchagg bench (throughput)` does not use it"),
     (["switch", "--slots", "0"], "--slots 0: a switch has 1..65536 slots"),
     (["switch", "--cores", "0"], "--cores 0: the switch runs on 1..64 cores"),
+    (["switch", "--steer", "slot"], "--steer: a switch on one core steers nothing"),
+    (["bench", "--switch-steer", "job"], "--switch-steer: a switch on one core steers nothing"),
     (["bench", "--loss", "--switch-cores", "2"], "--switch-cores: `switchagg bench --loss` does not use it"),
     (["bench", "--ddp", "--switch-steer", "slot"], "--switch-steer: `switchagg bench --ddp` does not use it"),
     (["bench", "--switch-cores", "65"], "--switch-cores 65: the switch runs on 1..64 cores"),
