@@ -9,8 +9,11 @@
  *
  * Sans-I/O like Reduction: emit() writes the packets due into rows the caller sends, and
  * receive_batch() takes the datagrams the caller received. The congestion window is the caller's
- * protocol.Window object: its fields are read at construction and written back after each call
- * that changes them, so the next call (either implementation) starts with what this one learned.
+ * protocol.Window object: its fields are read at construction and live here for the whole call, and
+ * go back into it once, when the call is over (or stalls, or Python asks: hand_back), so the next
+ * call (either implementation) starts with what this one learned. Nothing reads the window during a
+ * call, and writing it back after every batch of results cost a tuple of 22 fields and a Python call
+ * per batch. The per-call arrays come from an Arena that a client keeps from one call to the next.
  *
  * The header layout is _wire.h's (HEADER_LAYOUT and WIRE below; a test holds them to wire.py).
  */
@@ -53,10 +56,30 @@ typedef struct {
     Py_ssize_t head, tail;
 } List;
 
+/* Arena: the memory of a call's per-entry, per-chunk and per-slot arrays (one block) and of its
+ * outbox, kept from one call to the next. A call of a 64 MiB tensor at K = 64 has 262k entries and
+ * ~23 MB of such arrays: allocated afresh, each call took them as new pages from the kernel, faulted
+ * in and zeroed, and gave them back at its end. A client keeps one Arena and lends it to each of its
+ * calls in turn; the block grows to the largest call and is never cleared (an entry's state is set
+ * when the schedule first reaches it: place_next). */
+typedef struct {
+    PyObject_HEAD
+    unsigned char *block;
+    size_t size;
+    Py_ssize_t *outbox;
+    Py_ssize_t out_cap;
+    int lent;          /* a Stream holds it */
+    long allocations;  /* blocks allocated for it: the first, and each larger one */
+} Arena;
+
+static PyTypeObject ArenaType;
+
 typedef struct {
     PyObject_HEAD
     PyObject *window;
     Win w;
+    int window_changed;  /* w holds what the Python Window does not yet (hand_back) */
+    Arena *arena;        /* where the arrays below live, lent for the Stream's life */
     Py_buffer x, out;  /* the flat input and the output: float32, or int32 when there are no proposals */
     int floats;
     int8_t *proposals;  /* per data chunk, floats only */
@@ -78,10 +101,11 @@ typedef struct {
      * sum that came back instead, which ends the call before any data goes (mismatch set). */
     unsigned char *call_row, *expect, *mismatch_row;
     int mismatch;
-    /* per entry t (call round, then data chunks) */
+    /* per entry t (call round, then data chunks); only entries t < next hold anything (place_next) */
     uint8_t *done, *in_flight;
     uint8_t *state;  /* SENT, ASKED or WAITING (protocol.py) */
-    int8_t *agreed;
+    int8_t *agreed;  /* the exponent each result carried: read only once the entry is done */
+    int marked;      /* some result carried EXP_NONFINITE (Reduction.marked) */
     long *retries;
     double *last_send, *first_send, *resent_at;  /* resent_at: its first resend */
     Py_ssize_t *order;  /* its last send's place among the call's sends */
@@ -158,6 +182,18 @@ static int win_store(Stream *s) {
     Py_XDECREF(rc);
     return rc == NULL ? -1 : 0;
 }
+
+/* The window goes back into the Python Window, where it changed since it last did. */
+static int hand_back(Stream *s) {
+    if (!s->window_changed)
+        return 0;
+    if (win_store(s) < 0)
+        return -1;
+    s->window_changed = 0;
+    return 0;
+}
+
+static int call_over(const Stream *s) { return s->n_done == s->total || s->mismatch; }
 
 static inline double dmin(double a, double b) { return b < a ? b : a; }  /* Python's min(a, b) */
 static inline double dmax(double a, double b) { return b > a ? b : a; }  /* Python's max(a, b) */
@@ -277,6 +313,7 @@ static Py_ssize_t prev_of(const Stream *s, Py_ssize_t t) {
  * as a running slot and round, and each entry's place is stored for its emit and its result. */
 static void place_next(Stream *s) {
     Py_ssize_t t = s->next;
+    s->done[t] = s->in_flight[t] = 0;  /* the arena's memory holds an earlier call's: t starts here */
     if (t < s->rounds) {
         s->slot_of[t] = (uint16_t)t;
         s->copy_of[t] = s->copy0[t] & 1;
@@ -593,7 +630,7 @@ static PyObject *Stream_emit(Stream *s, PyObject *args) {
 static int receive_pending(Stream *s, const unsigned char *p, double now) {
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation
-            || get16(p + OFF_COUNT) != 0 || t >= s->total || !s->in_flight[t] || s->state[t] != ASKED
+            || get16(p + OFF_COUNT) != 0 || t >= s->next || !s->in_flight[t] || s->state[t] != ASKED
             || get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
         return 0;  /* not ours, or not the answer it waits for */
     uint32_t bitmap = get32(p + OFF_KEY);
@@ -649,7 +686,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         return 0;
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation || get32(p + OFF_KEY) != s->key
-            || t >= s->total || !s->in_flight[t])
+            || t >= s->next || !s->in_flight[t])
         return 0;  /* a duplicate, a stale result, or not ours */
     if (get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
         return 0;
@@ -663,6 +700,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     s->done[t] = 1;
     s->n_done++;
     s->agreed[t] = (int8_t)p[OFF_EXPONENT];
+    s->marked |= s->agreed[t] == EXP_NONFINITE;
     if (t < s->rounds) {
         if (!s->mismatch && memcmp(p + HEADER_SIZE, s->expect, 4 * (size_t)s->k) != 0) {
             s->mismatch = 1;
@@ -767,7 +805,8 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
     PyBuffer_Release(&lengths);
     if (rc < 0)
         return PyErr_NoMemory();
-    if (fresh && win_store(s) < 0)
+    s->window_changed |= fresh > 0;
+    if (call_over(s) && hand_back(s) < 0)  /* the call's last result: the window goes back */
         return NULL;
     return PyLong_FromSsize_t(fresh);
 }
@@ -823,8 +862,11 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred())
         return NULL;
-    if (now >= s->last_progress + s->progress_timeout && s->n_done < s->total)
+    if (now >= s->last_progress + s->progress_timeout && s->n_done < s->total) {
+        if (hand_back(s) < 0)  /* the call ends in an error: the window goes back with what it learned */
+            return NULL;
         Py_RETURN_TRUE;
+    }
     int changed = 0;
     double when;
     int why;
@@ -863,14 +905,15 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
         if (send_entry(s, t, now, s->retries[t] + 1, ask ? ASKED : SENT) < 0)
             return PyErr_NoMemory();
     }
-    if (changed && win_store(s) < 0)
+    s->window_changed |= changed;
+    if (call_over(s) && hand_back(s) < 0)
         return NULL;
     Py_RETURN_FALSE;
 }
 
 static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
     PyObject *list = unready(s) ? NULL : PyList_New(0);
-    for (Py_ssize_t t = 0; list && t < s->total; t++) {
+    for (Py_ssize_t t = 0; list && t < s->next; t++) {
         if (!s->in_flight[t])
             continue;
         PyObject *item = Py_BuildValue("(kii)", (unsigned long)(uint32_t)(s->first_id + (uint32_t)t),
@@ -891,11 +934,72 @@ static int layout_fits_scatter(const Stream *s) {
            && s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers;
 }
 
+/* The per-call arrays, one after another (each on a 64-byte boundary) in one block of the arena:
+ * lay_out(s, NULL) says how many bytes they take, lay_out(s, block) points them into block. */
+static size_t lay_out(Stream *s, unsigned char *block) {
+    size_t at = 0, entries = (size_t)s->total + 1;
+#define CARVE(array, count) do { \
+        if (block != NULL) \
+            s->array = (void *)(block + at); \
+        at += ((size_t)(count) * sizeof *s->array + 63) & ~(size_t)63; \
+    } while (0)
+    CARVE(done, entries);
+    CARVE(in_flight, entries);
+    CARVE(state, entries);
+    CARVE(agreed, entries);
+    CARVE(copy_of, entries);
+    CARVE(slot_of, entries);
+    CARVE(retries, entries);
+    CARVE(last_send, entries);
+    CARVE(first_send, entries);
+    CARVE(resent_at, entries);
+    CARVE(order, entries);
+    CARVE(deadline, entries);
+    CARVE(timers.prev, entries);
+    CARVE(timers.next, entries);
+    CARVE(sends.prev, entries);
+    CARVE(sends.next, entries);
+    CARVE(proposals, s->n_chunks + 1);
+    CARVE(copy0, s->slots);
+    CARVE(call_row, 4 * s->k);
+    CARVE(expect, 4 * s->k);
+    CARVE(mismatch_row, 4 * s->k);
+#undef CARVE
+    return at;
+}
+
+/* Borrow `given` for this call, or where there is none or another Stream holds it, a new Arena of the
+ * call's own; point the call's arrays into its block, grown where the call needs more. */
+static int borrow_arena(Stream *s, PyObject *given) {
+    Arena *a = given != Py_None && !((Arena *)given)->lent ? (Arena *)Py_NewRef(given)
+                                                            : (Arena *)PyObject_CallNoArgs((PyObject *)&ArenaType);
+    if (a == NULL)
+        return -1;
+    s->arena = a;
+    a->lent = 1;
+    s->outbox = a->outbox;
+    s->out_cap = a->out_cap;
+    size_t need = lay_out(s, NULL);
+    if (a->size < need) {
+        free(a->block);  /* nothing in it outlives a call: no copy */
+        a->block = malloc(need);
+        a->size = a->block != NULL ? need : 0;
+        if (a->block == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->allocations++;
+    }
+    lay_out(s, a->block);
+    return 0;
+}
+
 static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
-                             "progress_timeout", "started", "ask_first", "call_row", "expect", "shard", NULL};
-    PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None;
+                             "progress_timeout", "started", "ask_first", "call_row", "expect", "shard", "arena",
+                             NULL};
+    PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None, *arena = Py_None;
     Py_buffer call_row = {0}, expect = {0};
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
@@ -906,11 +1010,15 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOn", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOnO", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
                                      &rounds, &first_id, &now, &progress_timeout, &started, &ask_first,
-                                     &call_obj, &expect_obj, &shard))
+                                     &call_obj, &expect_obj, &shard, &arena))
         return -1;
+    if (arena != Py_None && !PyObject_TypeCheck(arena, &ArenaType)) {
+        PyErr_SetString(PyExc_TypeError, "Stream: arena must be an Arena or None");
+        return -1;
+    }
     /* No call round (None, None): int32 data alone, as the join's sums run. */
     int has_call = call_obj != Py_None;
     if (has_call && (PyObject_GetBuffer(call_obj, &call_row, PyBUF_SIMPLE) < 0
@@ -967,45 +1075,17 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
                         "with a call round (call_row and expect K values each), else 0, and floats need one");
         goto done;
     }
-    if (win_load(s) < 0)
+    if (win_load(s) < 0 || borrow_arena(s, arena) < 0)
         goto done;
-    size_t total = (size_t)s->total + 1;
-    s->copy0 = malloc((size_t)s->slots);
-    s->call_row = malloc(4 * (size_t)k);
-    s->expect = malloc(4 * (size_t)k);
-    s->mismatch_row = malloc(4 * (size_t)k);
-    s->proposals = malloc((size_t)n_chunks + 1);
-    s->done = calloc(total, 1);
-    s->in_flight = calloc(total, 1);
-    s->state = calloc(total, 1);
-    s->agreed = malloc(total);
-    s->retries = calloc(total, sizeof(long));
-    s->last_send = calloc(total, sizeof(double));
-    s->first_send = calloc(total, sizeof(double));
-    s->order = malloc(total * sizeof(Py_ssize_t));
-    s->resent_at = malloc(total * sizeof(double));
-    s->deadline = malloc(total * sizeof(double));
-    Py_ssize_t *links[4];
-    for (int i = 0; i < 4; i++)
-        links[i] = malloc(total * sizeof(Py_ssize_t));
-    s->timers = (List){links[0], links[1], -1, -1};
-    s->sends = (List){links[2], links[3], -1, -1};
-    s->slot_of = malloc(total * sizeof(uint16_t));
-    s->copy_of = malloc(total);
+    s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = -1;
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
-    if (!s->call_row || !s->expect || !s->mismatch_row || !s->order || !s->resent_at || !s->slot_of || !s->copy_of || !s->deadline || !links[0] || !links[1] || !links[2] || !links[3] || !s->copy0 || !s->proposals || !s->done || !s->in_flight || !s->state || !s->agreed || !s->retries || !s->last_send
-            || !s->first_send) {
-        PyErr_NoMemory();
-        goto done;
-    }
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
     if (has_call) {
         memcpy(s->call_row, call_row.buf, 4 * (size_t)k);
         memcpy(s->expect, expect.buf, 4 * (size_t)k);
     }
-    memset(s->agreed, (unsigned char)(int8_t)EXP_NONE, total);
     if (s->floats && proposals == Py_True) {
         s->proposed = 0;  /* the stream proposes each chunk as it goes (proposal_of) */
     } else if (s->floats) {
@@ -1039,28 +1119,12 @@ static void Stream_dealloc(Stream *s) {
         PyBuffer_Release(&s->x);
     if (s->out.obj)
         PyBuffer_Release(&s->out);
-    free(s->copy0);
-    free(s->call_row);
-    free(s->expect);
-    free(s->mismatch_row);
-    free(s->proposals);
-    free(s->done);
-    free(s->in_flight);
-    free(s->state);
-    free(s->agreed);
-    free(s->retries);
-    free(s->last_send);
-    free(s->first_send);
-    free(s->order);
-    free(s->resent_at);
-    free(s->deadline);
-    free(s->slot_of);
-    free(s->copy_of);
-    free(s->timers.prev);
-    free(s->timers.next);
-    free(s->sends.prev);
-    free(s->sends.next);
-    free(s->outbox);
+    if (s->arena != NULL) {  /* the arrays stay in the arena for the next call; the outbox may have grown */
+        s->arena->outbox = s->outbox;
+        s->arena->out_cap = s->out_cap;
+        s->arena->lent = 0;
+        Py_DECREF(s->arena);
+    }
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -1078,9 +1142,7 @@ static PyObject *get_retransmissions(Stream *s, void *c) { return PyLong_FromLon
 static PyObject *get_queries(Stream *s, void *c) { return PyLong_FromLong(s->queries); }
 static PyObject *get_protocol_errors(Stream *s, void *c) { return PyLong_FromLong(s->protocol_errors); }
 /* Reduction.marked: some result carried EXP_NONFINITE, the exponent its slot's next chunk used */
-static PyObject *get_marked(Stream *s, void *c) {
-    return PyBool_FromLong(s->ready && memchr(s->agreed, (unsigned char)(int8_t)EXP_NONFINITE, (size_t)s->total) != NULL);
-}
+static PyObject *get_marked(Stream *s, void *c) { return PyBool_FromLong(s->marked); }
 static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
 static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
 
@@ -1102,8 +1164,20 @@ static PyGetSetDef Stream_getset[] = {
     {NULL},
 };
 
+PyDoc_STRVAR(hand_back_doc,
+"hand_back()\n\n"
+"Write what this call has taught the window into the Python Window now. The stream does so by\n"
+"itself once the call is over or has stalled; during a call the Window holds what it held before.");
+
+static PyObject *Stream_hand_back(Stream *s, PyObject *Py_UNUSED(ignored)) {
+    if (unready(s) || hand_back(s) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Stream_methods[] = {
     {"emit", (PyCFunction)Stream_emit, METH_VARARGS, emit_doc},
+    {"hand_back", (PyCFunction)Stream_hand_back, METH_NOARGS, hand_back_doc},
     {"receive_batch", (PyCFunction)Stream_receive_batch, METH_VARARGS, receive_batch_doc},
     {"next_deadline", (PyCFunction)Stream_next_deadline, METH_NOARGS,
      "When tick() has something to do: a retransmission or the progress timeout."},
@@ -1126,8 +1200,41 @@ static PyTypeObject StreamType = {
     .tp_getset = Stream_getset,
 };
 
+/* ---- the arena ------------------------------------------------------------------------------- */
+
+static void Arena_dealloc(Arena *a) {
+    free(a->block);
+    free(a->outbox);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+static PyObject *get_lent(Arena *a, void *c) { return PyBool_FromLong(a->lent); }
+static PyObject *get_allocations(Arena *a, void *c) { return PyLong_FromLong(a->allocations); }
+static PyObject *get_size(Arena *a, void *c) { return PyLong_FromSize_t(a->size); }
+
+static PyGetSetDef Arena_getset[] = {
+    {"lent", (getter)get_lent, NULL, "a Stream holds it now", NULL},
+    {"allocations", (getter)get_allocations, NULL,
+     "blocks allocated for it: the first call's, and each call's that needed more than any before", NULL},
+    {"size", (getter)get_size, NULL, "bytes of its block", NULL},
+    {NULL},
+};
+
+static PyTypeObject ArenaType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "switchagg._native.Arena",
+    .tp_basicsize = sizeof(Arena),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = PyDoc_STR("The memory of a Stream's per-call arrays, lent to one Stream at a time (Stream(arena=...)) "
+                        "and kept for the next: a client's calls reuse it (see _stream.c)."),
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Arena_dealloc,
+    .tp_getset = Arena_getset,
+};
+
 int sa_add_stream_type(PyObject *module) {
-    if (PyType_Ready(&StreamType) < 0 || PyModule_AddObjectRef(module, "Stream", (PyObject *)&StreamType) < 0)
+    if (PyType_Ready(&StreamType) < 0 || PyModule_AddObjectRef(module, "Stream", (PyObject *)&StreamType) < 0
+            || PyType_Ready(&ArenaType) < 0 || PyModule_AddObjectRef(module, "Arena", (PyObject *)&ArenaType) < 0)
         return -1;
     PyObject *layout = Py_BuildValue(
         "((sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii)(sii))",

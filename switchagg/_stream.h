@@ -4,7 +4,7 @@
 
 #include <Python.h>
 
-/* Add the Stream type, and the wire layout it was compiled with (HEADER_LAYOUT, WIRE), to module. */
+/* Add the Stream and Arena types, and the wire layout it was compiled with (HEADER_LAYOUT, WIRE), to module. */
 int sa_add_stream_type(PyObject *module);
 
 #endif

@@ -25,7 +25,7 @@ from .config import JobConfig
 from .diagnosis import ASK_TRIES, ASK_WAIT, Diagnosis
 from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, StallError, SwitchAggError
 from .payloads import Int32Payloads, Prepared, Request, array_payloads, check_op, flat_payloads, is_tensor
-from .protocol import NativeReduction, Reduction, StreamParams
+from .protocol import Arena, NativeReduction, Reduction, StreamParams
 from .scheduling import batch_scheduling
 from .session import Join
 from .switch.control_client import request
@@ -117,6 +117,7 @@ class Client:
                 f"the path MTU towards {config.switch} is {mtu}: use values_per_packet <= "
                 f"{max_values_for_mtu(min(mtu, 65535))} (no IP fragmentation)")
         self.window = Window(max_size=config.slot_count)
+        self._arena = Arena()  # the C stream's per-call arrays, reused from one call to the next
         self._copies = np.zeros(config.slot_count, dtype=np.int64)
         self._next_id = 0
         self._seq = 0  # calls since the session began: each call's place, in its descriptor
@@ -362,11 +363,13 @@ class Client:
         else:
             payloads, layout, native = job.payloads, job.layout, job.native
         first, before = self._next_id, self._copies.copy()
-        kind = NativeReduction if native else Reduction  # the C state machine drives numpy payloads
-        red = kind(self._params(self.session), self.window, payloads, n_chunks=layout.n_chunks, first_id=first,
-                   copies=self._copies, now=time.monotonic(), started=self._started,
-                   progress_timeout=self.stall_timeout if self._started else self.start_timeout,
-                   call=calls.rows(desc, self.rank, n, k), layout=layout)
+        params = self._params(self.session)
+        args = dict(n_chunks=layout.n_chunks, first_id=first, copies=self._copies, now=time.monotonic(),
+                    started=self._started, progress_timeout=self.stall_timeout if self._started else self.start_timeout,
+                    call=calls.rows(desc, self.rank, n, k), layout=layout)
+        # the C state machine drives numpy payloads, the Python one a GPU's tensors
+        red = (NativeReduction(params, self.window, payloads, arena=self._arena, **args) if native
+               else Reduction(params, self.window, payloads, **args))
         self._next_id = (first + red.total) & _U32
         self._seq += 1
         self._drive(red)

@@ -531,18 +531,28 @@ class Reduction:
                            started=self.started)
 
 
+Arena = _native.Arena  # the memory of a NativeReduction's per-call arrays, lent to one call at a time
+
+
 class NativeReduction(_native.Stream):
     """:class:`Reduction` in C, for :class:`~switchagg.payloads.FloatPayloads` and ``Int32Payloads``
     (allreduce and reduce-scatter alike: ``layout``).
 
     The same constructor and the same interface, less :attr:`Reduction.outbox`: the packets due
     leave only through :meth:`emit`. ``_native.Stream`` holds the state and does the work.
+
+    Two things cross between C and Python once per call, not per batch of packets. The window's state
+    lives in C for the call and goes back into ``window`` when the call is over or stalls (reading
+    :attr:`window` during a call hands it back then). ``arena`` (an :data:`Arena`, one per client) holds
+    the per-call arrays, reused by the next call; without one, or while another call holds it, the
+    call allocates its own.
     """
 
     def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,
                  copies: np.ndarray, now: float, progress_timeout: float, started: bool = False,
-                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None) -> None:
-        self.params, self.window = params, window
+                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None,
+                 arena: Arena | None = None) -> None:
+        self.params, self._window = params, window
         proposals = payloads.proposals()
         if call is None and proposals is not None:
             raise ValueError("floats need the call round: it carries their exponents")
@@ -553,7 +563,13 @@ class NativeReduction(_native.Stream):
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
                          progress_timeout, started, params.ask_first, row, expect,
-                         layout.shard if layout is not None and layout.scatter else -1)
+                         layout.shard if layout is not None and layout.scatter else -1, arena)
+
+    @property
+    def window(self) -> Window:
+        """The call's window, with what the call has taught it so far (handed back from C now)."""
+        self.hand_back()
+        return self._window
 
     def tick(self, now: float) -> None:
         """Retransmit what timed out; raise if progress stopped for too long."""

@@ -1,12 +1,12 @@
 """The congestion window and the timers' estimates that a worker carries from one call to the next.
 
-A :class:`Window` lives as long as its client: each call (:class:`~switchagg.protocol.Reduction`, or the
-C stream behind :class:`~switchagg.protocol.NativeReduction`) starts with what the calls before it
-learned about the path (round trips, the queue it stands, losses) and leaves what it learned. It is its
-own module because two state machines share it: the Python one calls its methods, and the C one takes
-its :class:`WindowState` at a call's start and gives it back (``_stream.c`` has the same
-arithmetic; ``tests/test_protocol.py`` holds the constants and the fields to it). Sans-I/O: it is fed
-round trips and the time, and reads no clock.
+A :class:`Window` lives as long as its client: each call (:class:`~switchagg.protocol.Reduction`, or
+the C stream behind :class:`~switchagg.protocol.NativeReduction`) starts with what the calls before it
+learned about the path (round trips, the queue it stands, losses) and leaves what it learned. It is
+its own module because two state machines share it: the Python one calls its methods, and the C one
+takes its :class:`WindowState` at a call's start and gives it back once, at the call's end
+(``_stream.c`` has the same arithmetic; ``tests/test_protocol.py`` holds the constants and the
+fields to it). Sans-I/O: it is fed round trips and the time, and reads no clock.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ MIN_PROBE_LOSSY = 0.003  # s: the same on a path that lost packets in the last r
 
 class WindowState(NamedTuple):
     """Everything a :class:`Window` knows, as one record: what the C stream (``_stream.c``) takes from
-    :meth:`Window.state` at a call's start and gives back to :meth:`Window.restore` when it changes."""
+    :meth:`Window.state` at a call's start and gives back to :meth:`Window.restore` once the call is over
+    or stalled (or when Python reads the call's window), not after every batch of packets."""
 
     cwnd: float
     ssthresh: float

@@ -16,7 +16,7 @@ import numpy as np
 
 from switchagg import calls
 from switchagg.payloads import FloatPayloads, Int32Payloads
-from switchagg.protocol import NativeReduction, Reduction, StreamParams
+from switchagg.protocol import Arena, NativeReduction, Reduction, StreamParams
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.window import Window
 from switchagg.wire import datagram_size
@@ -69,6 +69,7 @@ class Worker:
     out: np.ndarray | None = None
     error: Exception | None = None
     sent: int = 0
+    arena: Arena = field(default_factory=Arena)  # the C stream's per-call arrays, as a client keeps them
 
 
 @dataclass
@@ -121,10 +122,12 @@ class SimNet:
             payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n, layout)
         desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
                                     collective=collective)
+        w.red = None  # the last call's stream gives its arena back, for this call to reuse
+        native = {"arena": w.arena} if self.impl == "native" else {}
         w.red = IMPLEMENTATIONS[self.impl](
             job.params(w.rank), w.window, payloads, n_chunks=layout.n_chunks, first_id=w.next_id, copies=w.copies,
             now=self.now, progress_timeout=progress_timeout, started=w.started,
-            call=calls.rows(desc, w.rank, job.n, job.k), layout=layout)
+            call=calls.rows(desc, w.rank, job.n, job.k), layout=layout, **native)
         w.next_id = (w.next_id + w.red.total) & 0xFFFFFFFF
         w.seq += 1
         w.error = None

@@ -117,6 +117,108 @@ def test_dead_peer_gives_stall_error_fast_naming_chunks(impl):
     assert net.now < 10.0
 
 
+def test_both_implementations_leave_the_window_alike_when_a_call_stalls():
+    """A stalled call ends in an error, and the C stream hands the window back then, as learned by then
+    (round trips, losses, the backed-off RTO): the next call of either implementation starts from it."""
+    runs = {}
+    for impl in IMPLEMENTATIONS:
+        job = Job(n=3, slots=4, k=8)
+        model = SwitchModel(16)
+        model.add_job(job.entry())
+        net = SimNet(model, Impairment(loss=0.05), seed=3, impl=impl)
+        ws = [net.add_worker(job, r, started=True) for r in range(3)]
+        ws[2].dead_after = 40
+        for w, x in zip(ws, data(3, 400), strict=True):
+            net.start(w, x, progress_timeout=2.0)
+        net.run()
+        assert all(isinstance(w.error, StallError) for w in ws[:2])
+        runs[impl] = [(w.window.state(), str(w.error), w.red.pending()) for w in ws[:2]]
+    assert runs["python"] == runs["native"]
+    assert all(state.srtt is not None and state.losses > 0 for state, _, _ in runs["native"])
+
+
+class CountingWindow(Window):
+    """A Window that counts the C stream's hand-backs (:meth:`Window.restore`)."""
+
+    restores = 0
+
+    def restore(self, state: WindowState | tuple) -> None:
+        self.restores += 1
+        super().restore(state)
+
+
+def test_the_c_stream_hands_the_window_back_once_a_call_not_after_every_batch():
+    """The window's state lives in C for the whole call: the Python Window hears of it once, at the
+    call's end (here a few hundred batches of one datagram each, under loss), and before that only
+    where Python reads the call's window."""
+    job = Job(n=3, slots=4, k=8)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    bad = Impairment(loss=0.05, latency=0.001, jitter=0.002)
+    net = SimNet(model, bad, bad, seed=4, impl="native")
+    ws = [net.add_worker(job, r) for r in range(3)]
+    for w in ws:
+        w.window = CountingWindow(job.slots)
+    for call in range(3):
+        for w, x in zip(ws, data(3, 300, seed=call), strict=True):
+            net.start(w, x)
+        net.run()
+        assert all(w.received > 40 for w in ws)  # many batches
+        assert [w.window.restores for w in ws] == [call + 1] * 3
+
+    red, send_and_answer = _one_worker_call("native", 4, window=CountingWindow(8, initial=2))
+    raw = red._window
+    send_and_answer(0.001)  # two results: round trips learned in C
+    assert raw.restores == 0 and raw.srtt is None  # the Python Window has not heard yet
+    assert red.window.srtt == pytest.approx(0.001) and raw.restores == 1  # reading it hands it back
+    red.window  # noqa: B018 - nothing new: no second hand-back
+    assert raw.restores == 1
+
+
+def test_a_clients_calls_reuse_one_arena_and_one_lent_is_not_shared():
+    """A client's arena (the C stream's per-call arrays) serves call after call, growing only for a
+    call larger than any before; while a call holds it, another call allocates its own, and every
+    call's sums are right whatever the arena held before."""
+    from switchagg.payloads import Int32Payloads
+    from switchagg.protocol import Arena, NativeReduction
+
+    job = Job(n=1, slots=4, k=8)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    arena, window, copies, first = Arena(), Window(4), np.zeros(4, np.int64), 0
+
+    def call(size: int, arena: Arena) -> NativeReduction:
+        nonlocal first
+        x = np.arange(size, dtype=np.int32) * (size + 1)
+        out = np.full_like(x, -1)
+        red = NativeReduction(job.params(0), window, Int32Payloads(x, out, 8), n_chunks=-(-size // 8),
+                              first_id=first, copies=copies, now=0.0, progress_timeout=5.0, arena=arena,
+                              call=calls.rows(calls.CallDescriptor(0, size, "int32"), 0, 1, 8))
+        first += red.total
+        rows, lengths = np.empty((64, 24 + 32), np.uint8), np.zeros(64, np.uint32)
+        while not red.done:
+            n = red.emit(rows, lengths)
+            sums = [e.payload() for row in rows[:n] for e in model.process(row.tobytes(), job.address(0))]
+            red.receive_batch(b"".join(sums), (56 * np.arange(len(sums))).astype(np.uint32),
+                              np.full(len(sums), 56, np.uint32), 0.001)
+        assert np.array_equal(out, x)  # a worker alone: its own values
+        return red
+
+    assert not arena.lent and arena.allocations == 0
+    red = call(800, arena)
+    assert arena.lent and arena.allocations == 1
+    held = call(100, arena)  # the first call still holds it: this one has its own
+    assert arena.allocations == 1
+    del red, held
+    assert not arena.lent
+    size = arena.size
+    for n in (800, 3, 500, 800):
+        call(n, arena)
+    assert (arena.allocations, arena.size) == (1, size)  # no call needed more than the first
+    call(1600, arena)
+    assert arena.allocations == 2 and arena.size > size
+
+
 def test_the_progress_timeout_is_raised_at_the_deadline_it_names(impl):
     """next_deadline() says when the progress timeout is due; tick() at that instant raises it,
     even where (last progress + timeout) - last progress rounds to less than the timeout (which
@@ -641,16 +743,16 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
         model.add_job(job.entry())
         net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl)
         ws = [net.add_worker(job, r) for r in range(3)]
-        outs, resent, asked = [], 0, 0
+        outs, windows, resent, asked = [], [], 0, 0
         for call, collective in xs:
             for w, x in zip(ws, call, strict=True):
                 net.start(w, x, collective=collective)
             net.run()
             assert all(w.error is None and w.red.protocol_errors == 0 for w in ws)
             outs.append([(w.out.tobytes(), w.red.marked) for w in ws])
+            windows.append([w.window.state() for w in ws])  # as the C stream handed it back at the call's end
             resent += sum(w.red.retransmissions for w in ws)
             asked += sum(w.red.queries for w in ws)
-        windows = [(w.window.cwnd, w.window.ssthresh, w.window.rto, w.window.srtt, w.window.losses) for w in ws]
         runs[impl] = (net.sent_log, outs, windows, resent, asked, net.now)
     python, native = runs["python"], runs["native"]
     assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
