@@ -98,12 +98,13 @@ class UdpSocket:
     takes (the rows of :attr:`out_rows`, each ``max_datagram`` bytes, or ``out_bytes`` of
     :attr:`out_buf` laid out by the caller) and about how many one receive brings.
     ``segmentation`` None turns on GSO and GRO where the kernel has them, False never, True
-    requires them.
+    requires them. ``reuse_port`` joins the SO_REUSEPORT group already bound to ``bind`` (the
+    embedded switch's sockets, one a core).
     """
 
     def __init__(self, bind: Address, *, peer: Address | None = None, batch: int = 64,
                  max_datagram: int = MAX_UDP, buffer_bytes: int = 8 << 20, batched: bool | None = None,
-                 segmentation: bool | None = None, out_bytes: int | None = None) -> None:
+                 segmentation: bool | None = None, out_bytes: int | None = None, reuse_port: bool = False) -> None:
         if batched and not BATCHED_AVAILABLE:
             raise OSError("sendmmsg/recvmmsg are not available here (Linux only); use batched=False")
         self.batched = BATCHED_AVAILABLE if batched is None else batched
@@ -113,6 +114,8 @@ class UdpSocket:
                 self.sock.setsockopt(socket.SOL_SOCKET, force, buffer_bytes)
             except OSError:
                 self.sock.setsockopt(socket.SOL_SOCKET, plain, buffer_bytes)
+        if reuse_port:  # join the SO_REUSEPORT group of the sockets already on ``bind`` (asked before binding)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             self.sock.bind(bind)
         except OSError as exc:

@@ -42,12 +42,10 @@ packet sees a job half installed.
 from __future__ import annotations
 
 import ctypes
-import os
 import socket
 import struct
 import threading
 
-from .. import _udp
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
 from ..jobs import JobEntry, new_generation
@@ -105,38 +103,6 @@ def _attach_steering(sock: socket.socket, shards: int, steer: str) -> None:
                     struct.pack("@HP", len(code) // 8, ctypes.addressof(filters)))
 
 
-def _group_member(address: tuple[str, int], **options) -> UdpSocket:
-    """Another :class:`UdpSocket` on ``address``, in the SO_REUSEPORT group that the first one there formed.
-
-    UdpSocket binds its socket itself, and a socket joins a group only if it asked before it bound.
-    So this binds a UdpSocket to a free port (its arrays, what it probed of GSO and GRO) and puts a
-    socket that joined the group under the very same descriptor (``dup2``), set up as UdpSocket sets
-    up its own: buffers, UDP_GRO where it took it, non-blocking (``tests/test_switch_cores.py`` holds
-    the two alike).
-    """
-    sock = UdpSocket((address[0], 0), **options)
-    member = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        member.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):  # SO_*BUFFORCE, as UdpSocket
-            size = sock.sock.getsockopt(socket.SOL_SOCKET, plain) // 2  # the kernel reports twice what was set
-            try:
-                member.setsockopt(socket.SOL_SOCKET, force, size)
-            except OSError:
-                member.setsockopt(socket.SOL_SOCKET, plain, size)
-        member.bind(address)
-        if sock.gro:
-            member.setsockopt(_udp.SOL_UDP, _udp.UDP_GRO, 1)
-        member.setblocking(False)
-        os.dup2(member.fileno(), sock.sock.fileno())
-    except BaseException:
-        sock.close()
-        raise
-    finally:
-        member.close()
-    return sock
-
-
 def shard_sockets(address: tuple[str, int], shards: int, steer: str = "job", **options) -> list[UdpSocket]:
     """One :class:`UdpSocket` per shard on ``address`` (port 0: a free one), steered as ``steer`` says
     (:func:`home_shard`); for one shard, a plain one.
@@ -151,7 +117,7 @@ def shard_sockets(address: tuple[str, int], shards: int, steer: str = "job", **o
     socks = [first]
     try:
         first.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        socks += [_group_member(first.address, **options) for _ in range(shards - 1)]
+        socks += [UdpSocket(first.address, reuse_port=True, **options) for _ in range(shards - 1)]
         _attach_steering(first.sock, shards, steer)  # the group's sockets in the order they joined: shard i is socks[i]
     except BaseException:
         for sock in socks:
