@@ -18,11 +18,15 @@ def test_bench_prints_both_ratios_per_k_with_the_first_ks_speed_ratio_last(capsy
     plot = tmp_path / "bench.png"
     assert run_bench(workers=2, mib=0.25, reps=2, ks=(64, 1024), rounds=2, plot=str(plot)) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert sum(line.startswith("round ") for line in lines) == 6  # gloo and switchagg at two K, each round
-    assert re.fullmatch(r"K=1024 per round: ratio_vs_gloo [\d.]+ [\d.]+; host_cpu_ratio_vs_gloo [\d.]+ [\d.]+",
-                        lines[-7])
-    assert re.fullmatch(r"ratio_vs_gloo_k1024=\d+\.\d{3}", lines[-5])
-    assert re.fullmatch(r"K=64: packets/s per worker \d+k out, \d+k in; pps_vs_gso_ceiling=\d+\.\d{3} .*", lines[-4])
+    assert sum(bool(re.match(r"round \d: (switchagg|gloo) ", line)) for line in lines) == 6  # two K and gloo, twice
+    per_core = r"round \d: switch K=\d+ on 1 core: \d+k packets/s per core"
+    assert sum(bool(re.match(per_core, line)) for line in lines) == 4
+    assert any(re.fullmatch(r"K=1024 per round: ratio_vs_gloo [\d.]+ [\d.]+; host_cpu_ratio_vs_gloo [\d.]+ [\d.]+",
+                            line) for line in lines)
+    assert any(re.fullmatch(r"ratio_vs_gloo_k1024=\d+\.\d{3}", line) for line in lines)
+    assert any(re.fullmatch(r"switch_pps_per_core=\d+", line) for line in lines)
+    assert any(re.fullmatch(r"K=64: packets/s per worker \d+k out, \d+k in; pps_vs_gso_ceiling=\d+\.\d{3} .*", line)
+               for line in lines)
     assert re.fullmatch(r"host_cpu_ratio_vs_gloo=\d+\.\d{3}", lines[-2])
     ratio = float(re.fullmatch(r"ratio_vs_gloo=(\d+\.\d{3})", lines[-1]).group(1))
     assert ratio > 0
