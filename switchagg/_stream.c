@@ -1,11 +1,11 @@
-/* Stream: the worker's side of one allreduce or reduce-scatter call over numpy float32 or int32 data, in C.
+/* Stream: the worker's side of one allreduce or reduce-scatter call over float32 or int32 data, in C.
  *
  * It is switchagg.protocol.Reduction, step for step (the same schedule, the same window and timer
  * arithmetic, the same packets in the same order), with the per-packet work in one C loop instead
  * of a dozen Python calls per packet: on a loaded host those calls cost the worker more CPU than
- * the codec and the system calls together. Reduction stays the specification, and the path for
- * tensors that live on a GPU; tests/test_protocol.py runs every simulated-network test on both and
- * checks that they send the same bytes at the same times.
+ * the codec and the system calls together. Reduction stays the specification; tests/test_protocol.py
+ * runs every simulated-network test on both and checks that they send the same bytes at the same
+ * times (tests/test_torch_codec.py a staged call's too).
  *
  * Sans-I/O like Reduction: emit() writes the packets due into rows the caller sends, and
  * receive_batch() takes the datagrams the caller received. The congestion window is the caller's
@@ -14,6 +14,12 @@
  * call (either implementation) starts with what this one learned. Nothing reads the window during a
  * call, and writing it back after every batch of results cost a tuple of 22 fields and a Python call
  * per batch. The per-call arrays come from an Arena that a client keeps from one call to the next.
+ *
+ * A staged call (staged=True: a tensor on a GPU, switchagg.torch_payloads) quantizes elsewhere: its
+ * chunks' exponents are the stream's, but their values come quantized, a row of K int32 per chunk, and
+ * a data chunk goes only once the caller has prepared it (prepare()), which it does a window of chunks
+ * at a time as their exponents are agreed (agreed_upto(), exponents()); the sums go back as rows, which
+ * the caller takes a window at a time (summed_upto()).
  *
  * The header layout is _wire.h's (HEADER_LAYOUT and WIRE below; a test holds them to wire.py).
  */
@@ -82,6 +88,11 @@ typedef struct {
     Arena *arena;        /* where the arrays below live, lent for the Stream's life */
     Py_buffer x, out;  /* the flat input and the output: float32, or int32 when there are no proposals */
     int floats;
+    /* Staged: x holds each data chunk's values quantized (a row of K int32), out a row of sums per chunk
+     * this rank receives; data chunk d goes only once d < prepared. A plain call's are all prepared. */
+    int staged;
+    Py_ssize_t prepared;
+    Py_ssize_t n_agreed, n_summed;  /* data chunks [0, n_agreed) have their exponents, [0, n_summed) their results */
     int8_t *proposals;  /* per data chunk, floats only */
     Py_ssize_t proposed;  /* proposals[0, proposed) are known: all that the caller gave, else proposal_of's */
     uint8_t *copy0;     /* per slot: the shadow copy of its first use in this call */
@@ -472,7 +483,8 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
 }
 
 static int fill(Stream *s, double now) {
-    while (!s->mismatch && s->next < s->total && s->n_in_flight < win_size(&s->w)) {
+    while (!s->mismatch && s->next < s->total && s->n_in_flight < win_size(&s->w)
+           && s->next - s->rounds < s->prepared) {
         Py_ssize_t prev = prev_of(s, s->next);
         if (prev >= 0 && !s->done[prev])
             break;
@@ -543,6 +555,13 @@ static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
         return;
     }
     Py_ssize_t c = t - s->rounds + s->slots;  /* the chunk whose exponent this one proposes */
+    if (s->staged) {  /* quantized by the caller: its row as it is, with the proposal */
+        const int32_t *q = (const int32_t *)s->x.buf + (t - s->rounds) * s->k;
+        for (Py_ssize_t i = 0; i < s->k; i++)
+            put32(values + 4 * i, (uint32_t)q[i]);
+        write_header(s, t, row, TYPE_CONTRIB, c < s->n_chunks ? s->proposals[c] : EXP_NONE);
+        return;
+    }
     Py_ssize_t n, start = source_of(s, t - s->rounds, &n);
     int proposal = EXP_NONE;
     if (s->floats) {
@@ -708,7 +727,11 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         }
     } else if (get16(p + OFF_COUNT)) {  /* a sum this rank receives (a reduce-scatter's others: a header) */
         Py_ssize_t n, start = target_of(s, t - s->rounds, &n);
-        if (s->floats) {
+        if (s->staged) {  /* the caller dequantizes: the row as it came (its own, of a reduce-scatter's shard) */
+            int32_t *out = (int32_t *)s->out.buf + (s->scatter ? (t - s->rounds) % s->per_shard : t - s->rounds) * s->k;
+            for (Py_ssize_t i = 0; i < s->k; i++)
+                out[i] = (int32_t)get32(p + HEADER_SIZE + 4 * i);
+        } else if (s->floats) {
             int e = exponent_used(s, t);
             if (e == EXP_NONFINITE)
                 sa_decode_nonfinite(p + HEADER_SIZE, (float *)s->out.buf + start, n);
@@ -934,6 +957,17 @@ static int layout_fits_scatter(const Stream *s) {
            && s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers;
 }
 
+/* x and out fit the call: a plain one's the layout's values, a staged one's rows of K (every data chunk's
+ * in x, those of the chunks this rank receives in out), with its exponents (proposals). */
+static int buffers_fit(const Stream *s) {
+    if (s->staged)
+        return s->floats && s->x.len == 4 * s->k * s->n_chunks
+               && (s->scatter ? s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers
+                                    && s->out.len == 4 * s->k * s->per_shard
+                              : s->out.len == 4 * s->k * s->n_chunks);
+    return s->scatter ? layout_fits_scatter(s) : s->out.len == s->x.len && s->n_chunks == (s->numel + s->k - 1) / s->k;
+}
+
 /* The per-call arrays, one after another (each on a 64-byte boundary) in one block of the arena:
  * lay_out(s, NULL) says how many bytes they take, lay_out(s, block) points them into block. */
 static size_t lay_out(Stream *s, unsigned char *block) {
@@ -998,22 +1032,22 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
                              "progress_timeout", "started", "ask_first", "call_row", "expect", "shard", "arena",
-                             NULL};
+                             "staged", NULL};
     PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None, *arena = Py_None;
     Py_buffer call_row = {0}, expect = {0};
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
     Py_ssize_t k, n_chunks, rounds, shard = -1;
     double now, progress_timeout;
-    int started, ask_first = 0;
+    int started, ask_first = 0, staged = 0;
     if (s->window != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOnO", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOnOp", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
                                      &rounds, &first_id, &now, &progress_timeout, &started, &ask_first,
-                                     &call_obj, &expect_obj, &shard, &arena))
+                                     &call_obj, &expect_obj, &shard, &arena, &staged))
         return -1;
     if (arena != Py_None && !PyObject_TypeCheck(arena, &ArenaType)) {
         PyErr_SetString(PyExc_TypeError, "Stream: arena must be an Arena or None");
@@ -1053,6 +1087,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->scatter = shard >= 0;
     s->shard = shard;
     s->per_shard = k > 0 && shard > 0 ? (shard + k - 1) / k : 0;
+    s->staged = staged;
+    s->prepared = staged ? 0 : n_chunks;
     s->n_chunks = n_chunks;
     s->rounds = rounds;
     s->total = rounds + n_chunks;
@@ -1066,12 +1102,13 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
         goto done;
     s->numel = s->x.len / 4;
     if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4
-            || (s->scatter ? !layout_fits_scatter(s) : s->out.len != s->x.len || n_chunks != (s->numel + k - 1) / k)
+            || !buffers_fit(s)
             || rounds != (!has_call ? 0 : n_chunks < 1 ? 1 : s->slots < n_chunks ? s->slots : n_chunks)
             || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
                         "of values_per_packet (a reduce-scatter's: x n_workers shards of `shard` values, out one, "
-                        "n_chunks n_workers x ceil(shard / K), by a call round), rounds = max(1, min(slots, n_chunks)) "
+                        "n_chunks n_workers x ceil(shard / K); a staged call's: rows of K, x n_chunks, out those this "
+                        "rank receives, and proposals), rounds = max(1, min(slots, n_chunks)) "
                         "with a call round (call_row and expect K values each), else 0, and floats need one");
         goto done;
     }
@@ -1144,6 +1181,7 @@ static PyObject *get_protocol_errors(Stream *s, void *c) { return PyLong_FromLon
 /* Reduction.marked: some result carried EXP_NONFINITE, the exponent its slot's next chunk used */
 static PyObject *get_marked(Stream *s, void *c) { return PyBool_FromLong(s->marked); }
 static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
+static PyObject *get_prepared(Stream *s, void *c) { return PyLong_FromSsize_t(s->prepared); }
 static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(s->out_len); }
 
 static PyGetSetDef Stream_getset[] = {
@@ -1160,9 +1198,63 @@ static PyGetSetDef Stream_getset[] = {
     {"marked", (getter)get_marked, NULL, "some data chunk of the call went marked (NaN or infinity on some rank)",
      NULL},
     {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},
+    {"prepared", (getter)get_prepared, NULL, "data chunks [0, prepared) have their values: all but a staged call's", NULL},
     {"due", (getter)get_outbox_len, NULL, "packets waiting for emit()", NULL},
     {NULL},
 };
+
+PyDoc_STRVAR(prepare_doc,
+"prepare(upto, now)\n\n"
+"A staged call's data chunks below ``upto`` have their rows: send what the schedule allows now.");
+
+static PyObject *Stream_prepare(Stream *s, PyObject *args) {
+    Py_ssize_t upto;
+    double now;
+    if (unready(s) || !PyArg_ParseTuple(args, "nd", &upto, &now))
+        return NULL;
+    if (upto > s->prepared)
+        s->prepared = upto < s->n_chunks ? upto : s->n_chunks;
+    if (fill(s, now) < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* Data chunk d's exponent is agreed once the entry before it on its slot is done (none: EXP_NONE).
+ * Only entries the schedule reached (below next) hold anything (place_next). */
+static int agreed_yet(const Stream *s, Py_ssize_t d) {
+    Py_ssize_t prev = prev_of(s, s->rounds + d);
+    return prev < 0 || (prev < s->next && s->done[prev]);
+}
+
+static PyObject *Stream_agreed_upto(Stream *s, PyObject *Py_UNUSED(ignored)) {
+    if (unready(s))
+        return NULL;
+    while (s->n_agreed < s->n_chunks && agreed_yet(s, s->n_agreed))
+        s->n_agreed++;
+    return PyLong_FromSsize_t(s->n_agreed);
+}
+
+static PyObject *Stream_exponents(Stream *s, PyObject *args) {
+    Py_ssize_t start, stop;
+    if (unready(s) || !PyArg_ParseTuple(args, "nn", &start, &stop))
+        return NULL;
+    if (start < 0 || start > stop || stop > s->n_agreed)
+        return PyErr_Format(PyExc_ValueError, "exponents(%zd, %zd): only data chunks [0, %zd) are agreed yet",
+                            start, stop, s->n_agreed);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, stop - start);
+    if (out != NULL)
+        for (Py_ssize_t d = start; d < stop; d++)
+            PyBytes_AS_STRING(out)[d - start] = (char)(int8_t)exponent_used(s, s->rounds + d);
+    return out;
+}
+
+static PyObject *Stream_summed_upto(Stream *s, PyObject *Py_UNUSED(ignored)) {
+    if (unready(s))
+        return NULL;
+    while (s->n_summed < s->n_chunks && s->rounds + s->n_summed < s->next && s->done[s->rounds + s->n_summed])
+        s->n_summed++;
+    return PyLong_FromSsize_t(s->n_summed);
+}
 
 PyDoc_STRVAR(hand_back_doc,
 "hand_back()\n\n"
@@ -1178,6 +1270,12 @@ static PyObject *Stream_hand_back(Stream *s, PyObject *Py_UNUSED(ignored)) {
 static PyMethodDef Stream_methods[] = {
     {"emit", (PyCFunction)Stream_emit, METH_VARARGS, emit_doc},
     {"hand_back", (PyCFunction)Stream_hand_back, METH_NOARGS, hand_back_doc},
+    {"prepare", (PyCFunction)Stream_prepare, METH_VARARGS, prepare_doc},
+    {"agreed_upto", (PyCFunction)Stream_agreed_upto, METH_NOARGS,
+     "Data chunks [0, m) whose exponents are agreed (the results before them on their slots are in): m."},
+    {"exponents", (PyCFunction)Stream_exponents, METH_VARARGS,
+     "exponents(start, stop) -> bytes: the agreed exponent (int8) of data chunks [start, stop), all agreed."},
+    {"summed_upto", (PyCFunction)Stream_summed_upto, METH_NOARGS, "Data chunks [0, m) whose results are in: m."},
     {"receive_batch", (PyCFunction)Stream_receive_batch, METH_VARARGS, receive_batch_doc},
     {"next_deadline", (PyCFunction)Stream_next_deadline, METH_NOARGS,
      "When tick() has something to do: a retransmission or the progress timeout."},

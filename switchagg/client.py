@@ -25,7 +25,7 @@ from .config import JobConfig
 from .diagnosis import ASK_TRIES, ASK_WAIT, Diagnosis
 from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, StallError, SwitchAggError
 from .payloads import Int32Payloads, Prepared, Request, array_payloads, check_op, flat_payloads, is_tensor
-from .protocol import Arena, NativeReduction, Reduction, StreamParams
+from .protocol import Arena, NativeReduction, Reduction, StagedPayloads, StreamParams
 from .scheduling import batch_scheduling
 from .session import Join
 from .switch.control_client import request
@@ -58,24 +58,24 @@ class _Paired(Exception):
 
 def payloads_of(x: Any, request: Request, out: Any = None) -> Prepared:
     """The one place that looks at what a caller passed: a float tensor on a GPU stays there
-    (:class:`~switchagg.torch_payloads.TorchPayloads`); a CPU tensor, a numpy array or a list takes
-    the numpy payloads. Raises here, in the caller, on what cannot be reduced."""
+    (:class:`~switchagg.torch_payloads.TorchPayloads`, which only queues work on the device here, in
+    the caller's thread); a CPU tensor, a numpy array or a list takes the numpy payloads. Raises here,
+    in the caller, on what cannot be reduced."""
     if not is_tensor(x):
         return array_payloads(x, request, out)
-    from .torch_payloads import TorchPayloads, tensor_to_flat
+    from . import torch_payloads
 
     check_op(request.op)
-    if x.device.type != "cpu" and x.is_floating_point():
+    if torch_payloads.stays_on_device(x):
         layout = request.layout(x.numel())
         shape = request.result_shape(tuple(x.shape), out)
-        gpu = TorchPayloads(x, request.k, request.n_workers, layout)
+        gpu = torch_payloads.TorchPayloads(x, request.k, request.n_workers, layout, request.rank)
 
         def finish() -> Any:
-            result = gpu.result(x, mean=request.op == "mean", shape=shape)
-            return result if out is None else out.copy_(result)
+            return gpu.result(x, mean=request.op == "mean", shape=shape, out=out)
 
-        return Prepared(gpu, layout, finish, native=False, length=x.numel(), kind="float")
-    flat, restore = tensor_to_flat(x)
+        return Prepared(gpu, layout, finish, length=x.numel(), kind="float")
+    flat, restore = torch_payloads.tensor_to_flat(x)
     return flat_payloads(flat, tuple(x.shape), restore, str(x.dtype).removeprefix("torch."), request, out)
 
 
@@ -359,20 +359,17 @@ class Client:
         k, n = cfg.values_per_packet, cfg.n_workers
         if job is None:  # this rank's input could not be reduced: it says so in the call round
             empty = np.empty(0, dtype=np.int32)
-            payloads, layout, native = Int32Payloads(empty, np.empty_like(empty), k), calls.Layout(k, 0), True
+            payloads, layout = Int32Payloads(empty, np.empty_like(empty), k), calls.Layout(k, 0)
         else:
-            payloads, layout, native = job.payloads, job.layout, job.native
+            payloads, layout = job.payloads, job.layout
         first, before = self._next_id, self._copies.copy()
-        params = self._params(self.session)
-        args = dict(n_chunks=layout.n_chunks, first_id=first, copies=self._copies, now=time.monotonic(),
-                    started=self._started, progress_timeout=self.stall_timeout if self._started else self.start_timeout,
-                    call=calls.rows(desc, self.rank, n, k), layout=layout)
-        # the C state machine drives numpy payloads, the Python one a GPU's tensors
-        red = (NativeReduction(params, self.window, payloads, arena=self._arena, **args) if native
-               else Reduction(params, self.window, payloads, **args))
+        red = NativeReduction(self._params(self.session), self.window, payloads, n_chunks=layout.n_chunks,
+                              first_id=first, copies=self._copies, now=time.monotonic(), started=self._started,
+                              progress_timeout=self.stall_timeout if self._started else self.start_timeout,
+                              call=calls.rows(desc, self.rank, n, k), layout=layout, arena=self._arena)
         self._next_id = (first + red.total) & _U32
         self._seq += 1
-        self._drive(red)
+        self._drive(red, payloads.advance if isinstance(payloads, StagedPayloads) else None)
         if red.mismatch is not None:
             used = calls.footprint(red.mismatch, n, k, cfg.slot_count)
             self._copies[:] = before
@@ -382,8 +379,10 @@ class Client:
                 raise _Paired(calls.mismatch_error(red.mismatch, n, self.rank))
         return red.marked
 
-    def _drive(self, red: Reduction | NativeReduction) -> None:
-        """Move ``red``'s packets until it is done, raises, or the client closes."""
+    def _drive(self, red: Reduction | NativeReduction,
+               advance: Callable[[Reduction | NativeReduction, float], None] | None = None) -> None:
+        """Move ``red``'s packets until it is done, raises, or the client closes; ``advance``: a staged
+        payload's, after every step (:class:`~switchagg.protocol.StagedPayloads`)."""
         sock = self._sock
         try:
             while True:
@@ -398,6 +397,8 @@ class Client:
                 if got:
                     red.receive_batch(sock.in_buf, sock.in_offsets[:got], sock.in_lengths[:got], now)
                 red.tick(now)
+                if advance is not None:
+                    advance(red, now)
         except (StallError, JobNotStarted) as exc:
             raise type(exc)(str(exc) + self._diagnose(red)) from None
         finally:

@@ -81,16 +81,14 @@ class Int32Payloads:
 class Prepared:
     """A call's input made ready: its payloads, its chunks' layout, and what turns the sums into the result.
 
-    ``native`` says whether the C stream can drive the payloads (the numpy ones); a tensor on a GPU
-    takes the Python state machine, whose codec is torch's. ``length`` (values), ``kind``
-    ("float" or "int32") and the layout's collective are what the call's descriptor tells the
-    peers (:mod:`switchagg.calls`).
+    The C stream drives every kind of payloads: the numpy ones, and a GPU tensor's
+    (:class:`~switchagg.protocol.StagedPayloads`). ``length`` (values), ``kind`` ("float" or "int32")
+    and the layout's collective are what the call's descriptor tells the peers (:mod:`switchagg.calls`).
     """
 
     payloads: Any
     layout: Layout
     finish: Callable[[], Any]
-    native: bool
     length: int
     kind: str
 
@@ -184,7 +182,7 @@ def flat_payloads(flat: np.ndarray, shape: tuple[int, ...], restore: Callable[[n
             np.divide(result, request.n_workers, out=result)
         return restore(result.reshape(result_shape), out)
 
-    return Prepared(payloads, layout, finish, native=True, length=flat.size, kind=kind)
+    return Prepared(payloads, layout, finish, length=flat.size, kind=kind)
 
 
 def kind_of(dtype_name: str) -> str:

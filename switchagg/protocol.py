@@ -28,8 +28,10 @@ slot's next exponent) to the others, which completes the chunk there as a sum do
 timers, retransmissions and queries are unchanged. A result whose owner or count is not its
 chunk's is a switch's error: counted, never decoded.
 
-:class:`NativeReduction` is the same state machine in C (``switchagg/_stream.c``) for numpy
-data, which is what a client runs on the CPU: per packet it costs a fraction of the Python.
+:class:`NativeReduction` is the same state machine in C (``switchagg/_stream.c``), which is what a
+client runs: per packet it costs a fraction of the Python. It quantizes numpy data itself; a tensor
+on a GPU is quantized there, a window of chunks at a time (:class:`StagedPayloads`), and the stream
+sends its rows from pinned memory.
 Both take datagrams with :meth:`~Reduction.receive_batch` and write the packets due into the
 caller's send rows with :meth:`~Reduction.emit`; the tests run each simulated network on both
 and require the same bytes at the same times.
@@ -41,7 +43,7 @@ import heapq
 import math
 from array import array
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -94,6 +96,27 @@ class Payloads(Protocol):
         reduce-scatter decodes only the chunks this rank owns, into its shard."""
 
 
+@runtime_checkable
+class StagedPayloads(Payloads, Protocol):
+    """Payloads quantized elsewhere (a GPU: :class:`~switchagg.torch_payloads.TorchPayloads`), a window of
+    chunks at a time, as the switch agrees their exponents.
+
+    A reduction of them sends data chunk ``d`` only once ``d`` < :attr:`Reduction.prepared`, and whoever
+    drives it calls :meth:`advance` after every step (a receive, a tick), which quantizes the chunks whose
+    exponents are agreed (:meth:`Reduction.agreed_upto`, :meth:`Reduction.exponents`), a window at a
+    time, and hands them over (:meth:`Reduction.prepare`), and takes the sums back a window at a time
+    (:meth:`Reduction.summed_upto`). :attr:`rows` and :attr:`sums` are where the C stream reads each chunk's
+    quantized values and writes each sum, a row of K native int32 per chunk (``sums``: the chunks this
+    rank receives); :meth:`encode` and :meth:`decode` read and write the same rows, one at a time.
+    """
+
+    rows: np.ndarray
+    sums: np.ndarray
+
+    def advance(self, red: Reduction | NativeReduction, now: float) -> None:
+        """Quantize what the switch agreed, a window at a time, and take back the sums that came."""
+
+
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
@@ -132,6 +155,9 @@ class Reduction:
         """
         self.params, self.window, self.payloads = params, window, payloads
         self.n_chunks, self.first_id = n_chunks, first_id
+        # data chunks whose values can be encoded: a staged payload's, a window at a time (prepare)
+        self.prepared = 0 if isinstance(payloads, StagedPayloads) else n_chunks
+        self._agreed_upto = self._summed_upto = 0  # data chunks [0, m) agreed, and summed
         proposals = payloads.proposals()
         if call is None and proposals is not None:
             raise ValueError("floats need the call round: it carries their exponents")
@@ -184,8 +210,39 @@ class Reduction:
         return t - self.params.slot_count
 
     def _ready(self, t: int) -> bool:
+        if t - self.rounds >= self.prepared:  # a staged chunk waits for its window
+            return False
         prev = self._prev(t)
         return prev is None or bool(self._done[prev])
+
+    # ---- a staged payload's windows (StagedPayloads) ------------------------------------------------
+
+    def prepare(self, upto: int, now: float) -> None:
+        """Data chunks below ``upto`` have their values now: send what the schedule allows."""
+        self.prepared = max(self.prepared, min(upto, self.n_chunks))
+        self._fill(now)
+
+    def agreed_upto(self) -> int:
+        """Data chunks ``[0, m)`` whose exponents are agreed (the results before them on their slots are in): m."""
+        while self._agreed_upto < self.n_chunks:
+            prev = self._prev(self.rounds + self._agreed_upto)
+            if prev is not None and not self._done[prev]:
+                break
+            self._agreed_upto += 1
+        return self._agreed_upto
+
+    def exponents(self, start: int, stop: int) -> bytes:
+        """The agreed exponent (int8) of data chunks ``[start, stop)``, every one agreed."""
+        if not 0 <= start <= stop <= self._agreed_upto:
+            raise ValueError(f"exponents({start}, {stop}): only data chunks [0, {self._agreed_upto}) are agreed yet")
+        prev = (self._prev(self.rounds + d) for d in range(start, stop))
+        return array("b", [EXP_NONE if p is None else self._agreed[p] for p in prev]).tobytes()
+
+    def summed_upto(self) -> int:
+        """Data chunks ``[0, m)`` whose results are in: m."""
+        while self._summed_upto < self.n_chunks and self._done[self.rounds + self._summed_upto]:
+            self._summed_upto += 1
+        return self._summed_upto
 
     def _slot_copy(self, t: int) -> tuple[int, int]:
         """The slot and shadow copy that entry ``t`` uses: each use of a slot flips its copy."""
@@ -545,7 +602,8 @@ class NativeReduction(_native.Stream):
     lives in C for the call and goes back into ``window`` when the call is over or stalls (reading
     :attr:`window` during a call hands it back then). ``arena`` (an :data:`Arena`, one per client) holds
     the per-call arrays, reused by the next call; without one, or while another call holds it, the
-    call allocates its own.
+    call allocates its own. A :class:`StagedPayloads` goes as its rows (``staged``): quantized by it, a
+    window at a time (:meth:`Reduction.prepare` and the rest are the C stream's too).
     """
 
     def __init__(self, params: StreamParams, window: Window, payloads, *, n_chunks: int, first_id: int,
@@ -558,12 +616,13 @@ class NativeReduction(_native.Stream):
             raise ValueError("floats need the call round: it carries their exponents")
         rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
         row, expect = (None, None) if call is None else (np.ascontiguousarray(call[0]).tobytes(), call[1])
-        super().__init__(window, payloads.flat, payloads.out,
-                         None if proposals is None else proposals.astype(np.int8).tobytes(),
+        staged = isinstance(payloads, StagedPayloads)
+        super().__init__(window, payloads.rows if staged else payloads.flat, payloads.sums if staged else payloads.out,
+                         None if proposals is None else np.ascontiguousarray(proposals, np.int8),
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
                          progress_timeout, started, params.ask_first, row, expect,
-                         layout.shard if layout is not None and layout.scatter else -1, arena)
+                         layout.shard if layout is not None and layout.scatter else -1, arena, staged)
 
     @property
     def window(self) -> Window:

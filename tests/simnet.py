@@ -16,7 +16,7 @@ import numpy as np
 
 from switchagg import calls
 from switchagg.payloads import FloatPayloads, Int32Payloads
-from switchagg.protocol import Arena, NativeReduction, Reduction, StreamParams
+from switchagg.protocol import Arena, NativeReduction, Reduction, StagedPayloads, StreamParams
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.window import Window
 from switchagg.wire import datagram_size
@@ -54,6 +54,30 @@ class Job:
         return StreamParams(self.job_id, rank, self.key, self.generation, self.n, self.slots, self.k, self.ask_first)
 
 
+class Agreed:
+    """A reduction whose switch agreed ``exponents`` for every data chunk: what a staged payload's
+    ``advance`` asks of one (:class:`~switchagg.protocol.StagedPayloads`), to test a payload alone.
+    ``summed``: data chunks [0, summed) whose sums are in (the test writes them into the payload's rows)."""
+
+    def __init__(self, exponents: np.ndarray, slots: int = 8) -> None:
+        self.params = StreamParams(1, 0, 0, 1, 1, slots, 1)
+        self.mismatch = None
+        self._exponents = np.asarray(exponents, np.int8)
+        self.prepared = self.summed = 0
+
+    def agreed_upto(self) -> int:
+        return len(self._exponents)
+
+    def exponents(self, start: int, stop: int) -> bytes:
+        return self._exponents[start:stop].tobytes()
+
+    def prepare(self, upto: int, now: float) -> None:
+        self.prepared = upto
+
+    def summed_upto(self) -> int:
+        return self.summed
+
+
 @dataclass
 class Worker:
     job: Job
@@ -66,6 +90,7 @@ class Worker:
     dead_after: int | None = None  # stops reacting after receiving this many packets
     received: int = 0
     red: Reduction | NativeReduction | None = None
+    payloads: object = None  # the call's
     out: np.ndarray | None = None
     error: Exception | None = None
     sent: int = 0
@@ -109,17 +134,28 @@ class SimNet:
                 self.sent_log.append((self.now, addr, row[:length].tobytes()))
                 self._transmit(self.up, "switch", row[:length].tobytes(), addr)
 
-    def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce") -> None:
-        """Start ``w``'s next call on ``x``: an allreduce, or a reduce-scatter (``w.out`` is then its shard)."""
+    def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce",
+              staged: bool = False) -> None:
+        """Start ``w``'s next call on ``x``: an allreduce, or a reduce-scatter (``w.out`` is then its shard).
+        ``staged``: floats through :class:`~switchagg.torch_payloads.TorchPayloads` (a CPU tensor), a
+        window at a time, as a GPU's go."""
         job = w.job
         layout = calls.Layout.of(x.size, job.k, job.n, collective)
         size = layout.shard if layout.scatter else x.size
         if x.dtype == np.int32:
             w.out = np.empty(size, np.int32)
             payloads = Int32Payloads(x, w.out, job.k, layout)
+        elif staged:
+            import torch
+
+            from switchagg.torch_payloads import TorchPayloads
+
+            payloads = TorchPayloads(torch.from_numpy(x.astype(np.float32)), job.k, job.n, layout, w.rank)
+            w.out = payloads.out.numpy()
         else:
             w.out = np.empty(size, np.float32)
             payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n, layout)
+        w.payloads = payloads
         desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
                                     collective=collective)
         w.red = None  # the last call's stream gives its arena back, for this call to reuse
@@ -132,6 +168,11 @@ class SimNet:
         w.seq += 1
         w.error = None
         self._flush(w, job.address(w.rank))
+
+    def _advance(self, w: Worker) -> None:
+        """A staged payload's step after the reduction's (as the client's loop takes it)."""
+        if isinstance(w.payloads, StagedPayloads):
+            w.payloads.advance(w.red, self.now)
 
     def _active(self) -> list[tuple[tuple[str, int], Worker]]:
         return [(a, w) for a, w in self.workers.items()
@@ -159,6 +200,7 @@ class SimNet:
                     w.received += 1
                     w.red.receive_batch(data, np.zeros(1, np.uint32), np.array([len(data)], np.uint32), self.now)
                     w.started = w.started or w.red.started
+                    self._advance(w)
                     self._flush(w, dst)
             else:
                 self.now = max(self.now, next_timer)
@@ -168,6 +210,7 @@ class SimNet:
                     except Exception as exc:  # noqa: BLE001 - recorded for the test to inspect
                         w.error = exc
                         continue
+                    self._advance(w)
                     self._flush(w, a)
 
 

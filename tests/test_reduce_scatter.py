@@ -21,7 +21,7 @@ from switchagg.window import Window
 from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
 
 from .conftest import loopback_config, run_ranks
-from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet
+from .simnet import IMPLEMENTATIONS, Agreed, Impairment, Job, SimNet
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -271,8 +271,9 @@ def test_every_rank_knows_a_marked_chunk_that_another_rank_owns(impl):
 
 @pytest.mark.parametrize("shard", [0, 5, 16, 70])
 def test_the_torch_payloads_cut_a_reduce_scatter_as_the_numpy_ones_do(shard):
-    """The GPU path (TorchPayloads, run here on the CPU) proposes, encodes and decodes each chunk of a
-    reduce-scatter's layout bit for bit as the numpy path does, and hands back the shard."""
+    """The GPU path (TorchPayloads, run here on the CPU) proposes, quantizes (a window at a time) and
+    dequantizes each chunk of a reduce-scatter's layout bit for bit as the numpy path does, and hands
+    back this rank's shard."""
     torch = pytest.importorskip("torch")
     from switchagg.torch_payloads import TorchPayloads
 
@@ -281,9 +282,13 @@ def test_the_torch_payloads_cut_a_reduce_scatter_as_the_numpy_ones_do(shard):
     x = data(1, n * shard, seed=shard)[0]
     x[:3] = [0.0, np.inf, np.nan][:x.size]  # rank 0's first chunk marked, where there is one
     ref = FloatPayloads(x, np.full(shard, -1, np.float32), k, n, layout)
-    got = TorchPayloads(torch.from_numpy(x.copy()), k, n, layout)
-    assert np.array_equal(got.proposals(), ref.proposals()) and got.proposals().size == layout.n_chunks
-    for chunk, e in enumerate(ref.proposals().tolist()):
+    got = TorchPayloads(torch.from_numpy(x.copy()), k, n, layout, rank)
+    agreed = ref.proposals()
+    assert np.array_equal(got.proposals(), agreed) and agreed.size == layout.n_chunks
+    red = Agreed(agreed, slots=4)
+    got.advance(red, 0.0)  # every chunk quantized, window by window
+    assert red.prepared == layout.n_chunks
+    for chunk, e in enumerate(agreed.tolist()):
         wire, mine = np.empty(k, ">i4"), np.full(k, -1, ">i4")
         ref.encode(chunk, e, wire)
         got.encode(chunk, e, mine)
@@ -291,6 +296,8 @@ def test_the_torch_payloads_cut_a_reduce_scatter_as_the_numpy_ones_do(shard):
         if layout.owner(chunk) == rank:
             ref.decode(chunk, e, wire)
             got.decode(chunk, e, wire)
+    red.summed = layout.n_chunks
+    got.advance(red, 0.0)  # the shard's sums dequantized
     assert got.out.numpy().tobytes() == ref.out.tobytes()
     assert np.all(ref.out != -1) or shard == 0  # every value of the shard was written
     like = torch.zeros(n * shard, dtype=torch.float16)
