@@ -30,12 +30,16 @@ class FloatPayloads:
     by default: chunk c is values [cK, cK + K) of both); a reduce-scatter's ``out`` is the shard.
     """
 
+    stream_proposes = True  # the C stream may propose each chunk itself as it sends it (one read of the input)
+
     def __init__(self, flat: np.ndarray, out: np.ndarray, k: int, n_workers: int, layout: Layout | None = None) -> None:
         self.flat, self.out, self.k, self.n = flat, out, k, n_workers
         self.layout = layout or Layout(k, flat.size)
-        self._proposals = proposals_of(flat, self.layout)
+        self._proposals: np.ndarray | None = None  # made when asked: the C stream makes its own as it sends
 
     def proposals(self) -> np.ndarray:
+        if self._proposals is None:
+            self._proposals = proposals_of(self.flat, self.layout)
         return self._proposals
 
     def encode(self, chunk: int, exponent: int, out: np.ndarray) -> None:

@@ -611,14 +611,17 @@ class NativeReduction(_native.Stream):
                  call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None,
                  arena: Arena | None = None) -> None:
         self.params, self._window = params, window
-        proposals = payloads.proposals()
+        # floats: the stream proposes each chunk as it sends it (one read of the input, not two)
+        proposals = True if getattr(payloads, "stream_proposes", False) else payloads.proposals()
         if call is None and proposals is not None:
             raise ValueError("floats need the call round: it carries their exponents")
         rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
         row, expect = (None, None) if call is None else (np.ascontiguousarray(call[0]).tobytes(), call[1])
         staged = isinstance(payloads, StagedPayloads)
+        if proposals is not None and proposals is not True:
+            proposals = np.ascontiguousarray(proposals, np.int8)
         super().__init__(window, payloads.rows if staged else payloads.flat, payloads.sums if staged else payloads.out,
-                         None if proposals is None else np.ascontiguousarray(proposals, np.int8),
+                         proposals,
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
                          progress_timeout, started, params.ask_first, row, expect,
