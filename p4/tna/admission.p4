@@ -6,23 +6,19 @@
 
 control Admission(in sa_headers_t hdr, inout sa_ingress_metadata_t md) {
     /* The job's parameters, and what the next stage tests them by: the copy's slot in the pool, the
-     * job's slot count less the packet's slot, saturating at 0 (0 when the job has no such slot), and
-     * its worker count less the packet's owner, the same way (0 when the owner is not one of its
-     * ranks; without FLAG_OWNER the owner is 0, which every job has: docs/protocol.md section 4b). The
+     * job's slot count less the packet's slot, saturating at 0 (0 when the job has no such slot). The
      * packet's generation is its run's (the session the workers agreed on), not compared with the
      * job's: the next stage takes any but 0 straight from the header, and the job's installed
      * generation is only what a probe's reply carries. The workers as bitmaps, so that no stage shifts: worker_bit
      * is 1 << worker, all_workers (1 << n) - 1, other_workers all_workers without worker_bit.
      * recirc_port is the recirculation port of the pipe the job's workers are on. */
     action admit(bit<16> job_index, bit<16> slot_base, bit<16> slot_count, bit<32> generation,
-                 bit<32> worker_bit, bit<32> other_workers, bit<32> all_workers, bit<8> n_workers,
-                 PortId_t recirc_port) {
+                 bit<32> worker_bit, bit<32> other_workers, bit<32> all_workers, PortId_t recirc_port) {
         md.admitted = 1;
         md.job_index = job_index;
         md.cell = slot_base + hdr.sa.slot;
         md.generation = generation;
         md.slot_room = slot_count |-| hdr.sa.slot;
-        md.owner_room = n_workers |-| hdr.sa.owner;
         md.worker_bit = worker_bit;
         md.other_workers = other_workers;
         md.all_workers = all_workers;

@@ -114,11 +114,11 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
 
     /* The first half's first stage: admission's verdict on a contribution of K values or a query, in
      * the model's order (not admitted; generation 0, which every tag powers up holding; a slot the
-     * job does not have; an owner that is not one of its ranks), as a table that runs the generation
-     * stage itself (a query's reads it), so that the tag starts in the stage after admission. (The
-     * second pass was admitted in the first.) Its entries are tried in order: an admitted packet of
-     * generation 0 is wrong_generation first, then any generation goes on to the slot check, the
-     * owner check and the generation stage; a packet admission did not find matches none. */
+     * job does not have), as a table that runs the generation stage itself (a query's reads it), so
+     * that the tag starts in the stage after admission. (The second pass was admitted in the first.)
+     * Its entries are tried in order: an admitted packet of generation 0 is wrong_generation first,
+     * then any generation goes on to the slot check and the generation stage; a packet admission did
+     * not find matches none. */
     action drop_not_admitted() {
         md.count_global = 1;
         md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
@@ -135,30 +135,25 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     action slot_out_of_range() {
         drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
     }
-    action bad_owner() {
-        drop_job(SA_JOB_BAD_OWNER);
-    }
 
     table admitted {
         key = {
             md.admitted: ternary;
             hdr.sa.generation: ternary;
             md.slot_room: ternary;
-            md.owner_room: ternary;
             md.query: ternary;
         }
         actions = {
-            check_generation; peek_generation; drop_not_admitted; wrong_generation; slot_out_of_range; bad_owner;
+            check_generation; peek_generation; drop_not_admitted; wrong_generation; slot_out_of_range;
         }
         const entries = {
-            (1, 0, _, _, _): wrong_generation();
-            (1, _, 0, _, _): slot_out_of_range();
-            (1, _, _, 0, _): bad_owner();
-            (1, _, _, _, 0): check_generation();
-            (1, _, _, _, 1): peek_generation();
+            (1, 0, _, _): wrong_generation();
+            (1, _, 0, _): slot_out_of_range();
+            (1, _, _, 0): check_generation();
+            (1, _, _, 1): peek_generation();
         }
         const default_action = drop_not_admitted();
-        size = 5;
+        size = 4;
     }
     action start_chunk() {
         tag_chunk_start.execute(SA_HALF_COPY_INDEX);

@@ -2,9 +2,7 @@
  * out of the port it came in on. Everything else leaves as ingress sent it.
  *
  * A job's multicast group (its index + 1) has one node per worker, each with its own replication id
- * (rid: group * 32 + rank) and the worker's port; the replica table gives, by rid, what differs
- * between the workers. A reduce-scatter's sum goes whole to its owner alone: the egress parser left
- * the other replicas without values (md.value_bytes 0), and their lengths and count say so. */
+ * (rid) and the worker's port; the replica table gives, by rid, what differs between the workers. */
 
 control SaEgress(inout sa_egress_headers_t hdr, inout sa_egress_metadata_t md,
                  in egress_intrinsic_metadata_t eg_intr_md,
@@ -13,15 +11,15 @@ control SaEgress(inout sa_egress_headers_t hdr, inout sa_egress_metadata_t md,
                  inout egress_intrinsic_metadata_for_output_port_t eg_oport_md) {
     /* A RESULT from the switch's address and port to the worker's, as the v1model program's control
      * plane writes it (switchagg.frames.udp_headers): IPv4 without options, not fragmented (don't
-     * fragment set), TTL 64, the length of the values it keeps (K, or none), UDP checksum 0; the IPv4
-     * checksum is worked out by the deparser. The Ethernet source is the address the contribution was sent to (ingress put
+     * fragment set), TTL 64, the length of K values, UDP checksum 0; the IPv4 checksum is worked out
+     * by the deparser. The Ethernet source is the address the contribution was sent to (ingress put
      * it there); the switchagg header's version stays 1 and its flags stay. */
     action to_worker(bit<48> eth_dst, bit<32> ip_src, bit<32> ip_dst, bit<16> udp_dst, bit<8> worker) {
         hdr.ethernet.dst_addr = eth_dst;
         hdr.ipv4.version = 4;
         hdr.ipv4.ihl = 5;
         hdr.ipv4.diffserv = 0;
-        hdr.ipv4.total_len = SA_HEADER_IP_BYTES + md.value_bytes;
+        hdr.ipv4.total_len = SA_CONTRIB_IP_BYTES;
         hdr.ipv4.identification = 0;
         hdr.ipv4.flags = 2;
         hdr.ipv4.frag_offset = 0;
@@ -31,11 +29,10 @@ control SaEgress(inout sa_egress_headers_t hdr, inout sa_egress_metadata_t md,
         hdr.ipv4.dst_addr = ip_dst;
         hdr.udp.src_port = SA_UDP_PORT;
         hdr.udp.dst_port = udp_dst;
-        hdr.udp.length = SA_HEADER_UDP_BYTES + md.value_bytes;
+        hdr.udp.length = SA_CONTRIB_UDP_BYTES;
         hdr.udp.checksum = 0;
         hdr.sa.type = SA_TYPE_RESULT;
         hdr.sa.worker = worker;
-        hdr.sa.count = md.value_bytes >> 2;
     }
     action drop() {
         eg_dprsr_md.drop_ctl = 1;

@@ -139,21 +139,12 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
     /* The end of the second pass. The last contribution: the sum to every worker of the job through
      * its multicast group (job index + 1), from the address the contribution was sent to; egress
      * makes each replica a RESULT to its worker. */
-    action multicast() {
+    action result_to_all() {
+        job_event(SA_JOB_RESULTS_MULTICAST);
         ig_tm_md.mcast_grp_a = md.job_index + 1;
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.bridge.kind = SA_BRIDGE_RESULT;
         hdr.recirc.setInvalid();
-    }
-    action result_to_all() {
-        job_event(SA_JOB_RESULTS_MULTICAST);
-        multicast();
-    }
-    /* A reduce-scatter's sum (FLAG_OWNER): the same multicast, whose replicas to the workers that do not
-     * own the chunk egress sends without their values (parser.p4, egress.p4). */
-    action result_to_owner() {
-        job_event(SA_JOB_RESULTS_TO_OWNER);
-        multicast();
     }
     /* A repeat of a finished round: the stored sum back to the worker that sent it again. */
     action result_to_sender() {
@@ -161,16 +152,6 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         hdr.sa.type = SA_TYPE_RESULT;
         reply_to((PortId_t)hdr.recirc.ingress_port);
         hdr.recirc.setInvalid();
-    }
-    /* A reduce-scatter's chunk repeated by a worker that does not own it: the header alone, with the kept
-     * exponent (count 0, both lengths a header's; the deparser works the checksum out from them). */
-    action header_to_sender() {
-        result_to_sender();
-        hdr.vals_head.setInvalid();
-        hdr.vals_active.setInvalid();
-        hdr.sa.count = 0;
-        hdr.ipv4.total_len = SA_HEADER_IP_BYTES;
-        hdr.udp.length = SA_HEADER_UDP_BYTES;
     }
 
     action count_global_drop() {
@@ -217,8 +198,6 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
                 drop_job(SA_JOB_WRONG_GENERATION);
             } else if (md.slot_room == 0) {
                 drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
-            } else if (md.owner_room == 0) {  /* not one of the job's ranks */
-                drop_job(SA_JOB_BAD_OWNER);
             } else {
                 drop_job(SA_JOB_BAD_COUNT);
             }
@@ -232,21 +211,15 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         /* What becomes of a contribution */
         if (md.half == 1) {
             if (md.op == SA_OP_READ) {
-                if (md.workers_missing != 0) {
-                    drop_job(SA_JOB_DUPLICATE_PENDING);
-                } else if (hdr.sa.flags & SA_FLAG_OWNER != 0 && hdr.sa.worker != hdr.sa.owner) {
-                    header_to_sender();  /* a reduce-scatter's chunk, not this worker's */
-                } else {
+                if (md.workers_missing == 0) {
                     result_to_sender();
+                } else {
+                    drop_job(SA_JOB_DUPLICATE_PENDING);
                 }
             } else if (md.op == SA_OP_NONE) {
                 drop_job(SA_JOB_STALE);
             } else if (md.workers_missing == 0) {
-                if (hdr.sa.flags & SA_FLAG_OWNER == 0) {
-                    result_to_all();
-                } else {
-                    result_to_owner();
-                }
+                result_to_all();
             } else {
                 drop();  /* counted into a sum that is not finished yet */
             }

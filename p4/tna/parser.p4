@@ -62,47 +62,40 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
         transition accept;
     }
     /* The values are parsed only for a well-formed contribution of K values, checked a few fields
-     * at a time (a parser state matches at most 32 bits): version 1, CONTRIB, no flag but the copy
-     * and the owner's, worker < 32; then a count of K, and an owner only with FLAG_OWNER (a
-     * reduce-scatter's chunk: any owner, which admission's verdict holds to the job's ranks).
-     * Aggregation takes these as given, and checks the one field left, the IPv4 length, with its
-     * first condition. */
+     * at a time (a parser state matches at most 32 bits): version 1, CONTRIB, no flag but the copy,
+     * worker < 32; then no reserved bits and a count of K. Aggregation takes these as given, and
+     * checks the one field left, the IPv4 length, with its first condition. */
     state parse_contribution {
         transition select(pkt.lookahead<bit<32>>()) {
             (bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16
-            &&& 32w0xffff0000 | (bit<32>)(~(SA_FLAG_COPY | SA_FLAG_OWNER)) << 8
-                | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
+            &&& 32w0xffff0000 | (bit<32>)(~SA_FLAG_COPY) << 8 | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
                 parse_contribution_header;
             default: parse_switchagg;
         }
     }
     state parse_contribution_header {
         pkt.extract(hdr.sa);
-        transition select(hdr.sa.flags[1:1], hdr.sa.owner, hdr.sa.count) {
-            (0, 0, SA_VALUES): parse_values;
-            (1, _, SA_VALUES): parse_values;
+        transition select(hdr.sa.owner, hdr.sa.count) {
+            (0, SA_VALUES): parse_values;
             default: accept;
         }
     }
     /* A well-formed query is told in the parser too, as a contribution is: version 1, QUERY, no flag but
-     * the copy and the owner's, worker < 32; a count of 0 (no values) and an owner only with
-     * FLAG_OWNER. It then takes the contribution's path through admission and the first half's tag
-     * and workers, which it only reads (main.p4). Any other header of this length (a probe among
-     * them) is validation's. */
+     * the copy, worker < 32; no reserved bits and a count of 0 (no values). It then takes the
+     * contribution's path through admission and the first half's tag and workers, which it only
+     * reads (main.p4). Any other header of this length (a probe among them) is validation's. */
     state parse_query {
         transition select(pkt.lookahead<bit<32>>()) {
             (bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_QUERY << 16
-            &&& 32w0xffff0000 | (bit<32>)(~(SA_FLAG_COPY | SA_FLAG_OWNER)) << 8
-                | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
+            &&& 32w0xffff0000 | (bit<32>)(~SA_FLAG_COPY) << 8 | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
                 parse_query_header;
             default: parse_switchagg;
         }
     }
     state parse_query_header {
         pkt.extract(hdr.sa);
-        transition select(hdr.sa.flags[1:1], hdr.sa.owner, hdr.sa.count) {
-            (0, 0, 0): well_formed_query;
-            (1, _, 0): well_formed_query;
+        transition select(hdr.sa.owner, hdr.sa.count) {
+            (0, 0): well_formed_query;
             default: accept;
         }
     }
@@ -162,11 +155,7 @@ control SaIngressDeparser(packet_out pkt, inout sa_headers_t hdr, in sa_ingress_
 }
 
 /* Egress parses a packet only as far as it rewrites it: a replica of a finished sum up to the
- * switchagg header. The values, and everything of any other packet, pass through as payload, but
- * for a reduce-scatter's sum (FLAG_OWNER) in a replica to a worker that does not own the chunk: the
- * parser skips its values, and what a parser skips is not deparsed, so the replica leaves with the
- * header alone (docs/protocol.md section 4b). A replica's rank is the low 5 bits of its rid
- * (switchagg.targets.tofino._rid: group * 32 + rank), so the owner's replica is one of 32 entries. */
+ * switchagg header. The values, and everything of any other packet, pass through as payload. */
 parser SaEgressParser(packet_in pkt, out sa_egress_headers_t hdr, out sa_egress_metadata_t md,
                       out egress_intrinsic_metadata_t eg_intr_md) {
     state start {
@@ -182,52 +171,6 @@ parser SaEgressParser(packet_in pkt, out sa_egress_headers_t hdr, out sa_egress_
         pkt.extract(hdr.ipv4);
         pkt.extract(hdr.udp);
         pkt.extract(hdr.sa);
-        transition select(hdr.sa.flags[1:1], hdr.sa.owner, eg_intr_md.egress_rid[4:0]) {
-            (0, _, _): whole;
-            /* the owner's replica */
-            (1, 0, 0): whole;
-            (1, 1, 1): whole;
-            (1, 2, 2): whole;
-            (1, 3, 3): whole;
-            (1, 4, 4): whole;
-            (1, 5, 5): whole;
-            (1, 6, 6): whole;
-            (1, 7, 7): whole;
-            (1, 8, 8): whole;
-            (1, 9, 9): whole;
-            (1, 10, 10): whole;
-            (1, 11, 11): whole;
-            (1, 12, 12): whole;
-            (1, 13, 13): whole;
-            (1, 14, 14): whole;
-            (1, 15, 15): whole;
-            (1, 16, 16): whole;
-            (1, 17, 17): whole;
-            (1, 18, 18): whole;
-            (1, 19, 19): whole;
-            (1, 20, 20): whole;
-            (1, 21, 21): whole;
-            (1, 22, 22): whole;
-            (1, 23, 23): whole;
-            (1, 24, 24): whole;
-            (1, 25, 25): whole;
-            (1, 26, 26): whole;
-            (1, 27, 27): whole;
-            (1, 28, 28): whole;
-            (1, 29, 29): whole;
-            (1, 30, 30): whole;
-            (1, 31, 31): whole;
-            default: header_only;
-        }
-    }
-    /* md.value_bytes is written once on each path of a replica. */
-    state whole {
-        md.value_bytes = 4 * SA_VALUES;
-        transition accept;
-    }
-    state header_only {
-        pkt.advance(32 * SA_VALUES);
-        md.value_bytes = 0;
         transition accept;
     }
 }

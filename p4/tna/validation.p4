@@ -38,13 +38,12 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     /* The lengths, then the header, in the model's order, as one ternary match (the entries are
      * tried in order). The IPv4 length under 20 (two entries: 0-15, 16-19) or the UDP length under
      * the header's: malformed. Then the two well-formed kinds: version 1, a CONTRIB or a PROBE (the
-     * latter of no values), no flag but the copy and FLAG_OWNER, an owner only with FLAG_OWNER (two
-     * entries each: any owner with the flag, none without), worker < 32, the IPv4 length 20 more
-     * than the UDP length, and the UDP length 32 + 4 * count (a count under 16384, see above).
+     * latter of no values), no flag but the copy, worker < 32, no reserved bits, the IPv4 length 20
+     * more than the UDP length, and the UDP length 32 + 4 * count (a count under 16384, see above).
      * With the lengths right, any other version 1 header is malformed, and any other version
      * bad_version; with them wrong, malformed (the default). A QUERY is malformed here too: a
-     * well-formed one took the contribution's path (main.p4), so this one has values, an owner
-     * without its flag, another flag, a worker or an IPv4 length that is wrong. */
+     * well-formed one took the contribution's path (main.p4), so this one has values, reserved bits,
+     * a flag, a worker or an IPv4 length that is wrong. */
     action well_formed() { }
 
     table checks {
@@ -67,17 +66,13 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             (_, 0 &&& 0xffe0, _, _, _, _, _, _, _, _): malformed();
             (_, _, 20, SA_VERSION, SA_TYPE_CONTRIB, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
              0 &&& 0xc000, 8 + SA_HEADER_BYTES): well_formed();
-            (_, _, 20, SA_VERSION, SA_TYPE_CONTRIB, SA_FLAG_OWNER &&& ~SA_FLAG_COPY,
-             0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), _, 0 &&& 0xc000, 8 + SA_HEADER_BYTES): well_formed();
             (_, _, 20, SA_VERSION, SA_TYPE_PROBE, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
              0, 8 + SA_HEADER_BYTES): well_formed();
-            (_, _, 20, SA_VERSION, SA_TYPE_PROBE, SA_FLAG_OWNER &&& ~SA_FLAG_COPY,
-             0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), _, 0, 8 + SA_HEADER_BYTES): well_formed();
             (_, _, 20, SA_VERSION, _, _, _, _, _, _): malformed();
             (_, _, 20, _, _, _, _, _, _, _): bad_version();
         }
         const default_action = malformed();
-        size = 10;
+        size = 8;
     }
 
     /* A header the frame does not hold (the parser stopped in it or in the values) is malformed. */

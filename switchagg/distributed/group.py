@@ -10,7 +10,7 @@ store, so that any torch program runs unchanged. What goes where:
   bound) or int32 (SUM, exact): the switch. Other ops, dtypes (float64 keeps its precision on the
   fallback) and non-contiguous tensors: the fallback.
 * ``reduce_scatter_tensor`` on the same terms: the switch, and each rank receives only its shard's
-  sums (``docs/protocol.md``, section 4b).
+  sums (``docs/protocol.md``, section 4b); on Tofino, whose program lacks that yet, the fallback.
 * ``all_gather_into_tensor``: the fallback unless ``Options.all_gather == "switch"`` (which sums
   each rank's bytes into place among zeros: exact, but every rank sends the whole output).
 * broadcast, barrier, send/recv, gather/scatter, all_to_all, object collectives: the fallback.
@@ -36,6 +36,8 @@ from .rendezvous import Formed, finish, form
 
 _CARRIED = {torch.float32, torch.float16, torch.bfloat16, torch.int32}
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
+# Targets whose program has no owner-only delivery yet (docs/tofino.md): their reduce-scatters go to the fallback
+_NO_OWNER_DELIVERY = ("tofino", "tofino2")
 
 
 class SwitchAggProcessGroup(dist.ProcessGroup):
@@ -77,7 +79,7 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.ReduceScatterOptions()
         op = _switch_op(opts.reduceOp, [output, input])
-        if op is None or input.numel() != output.numel() * self.size():
+        if op is None or input.numel() != output.numel() * self.size() or self.options.target in _NO_OWNER_DELIVERY:
             return self._fallback(input)._reduce_scatter_base(output, input, opts)
         return self._work(output, lambda: self.client.reduce_scatter_async(input, op=op, out=output),
                           lambda _: [output])

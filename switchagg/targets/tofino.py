@@ -16,7 +16,7 @@ from typing import ClassVar
 from ..config import JobConfig
 from ..errors import ConfigError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
-from ..wire import MAX_WORKERS  # rids are group * MAX_WORKERS + rank
+from ..wire import MAX_WORKERS  # rids are job index * MAX_WORKERS + rank + 1
 from .base import Target, TargetOptions
 from .bfrt import BfrtSession, Row, TableSession
 from .p4job import (
@@ -55,7 +55,7 @@ PRE_MGID = "$pre.mgid"
 TABLES: dict[str, tuple[tuple[str, ...], dict[str | None, tuple[str, ...]]]] = {
     ADMISSION: (("job", "worker", "src_addr", "src_port", "key"),
                 {ADMIT: ("job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers",
-                         "all_workers", "n_workers", "recirc_port")}),
+                         "all_workers", "recirc_port")}),
     REPLICA: (("rid",), {TO_WORKER: ("eth_dst", "ip_src", "ip_dst", "udp_dst", "worker")}),
     L2: (("eth_dst",), {TO_PORT: ("port",), FLOOD: ()}),
     RECIRCULATION_PORTS: (("f1",), {None: ()}),
@@ -74,9 +74,8 @@ def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
 
 
 def _rid(group: int, worker: int) -> int:
-    """A replica's id, unique across jobs (groups start at 1: 0 is the flood group's node). Its low 5 bits
-    are the rank: the egress parser tells a reduce-scatter's owner's replica by them (p4/tna/parser.p4)."""
-    return group * MAX_WORKERS + worker
+    """A replica's id, unique across jobs (0 is the flood group's node)."""
+    return (group - 1) * MAX_WORKERS + worker + 1
 
 
 def _admission_key(row: Admission) -> dict[str, int]:
@@ -87,8 +86,7 @@ def _admit(row: Admission, recirc_port: int) -> dict[str, int]:
     workers = (1 << row.params.n_workers) - 1
     return {"job_index": row.params.group - 1, "slot_base": row.slot_base, "slot_count": row.params.slot_count,
             "generation": row.params.generation, "worker_bit": 1 << row.worker,
-            "other_workers": workers & ~(1 << row.worker), "all_workers": workers,
-            "n_workers": row.params.n_workers, "recirc_port": recirc_port}
+            "other_workers": workers & ~(1 << row.worker), "all_workers": workers, "recirc_port": recirc_port}
 
 
 def _admission_row(row: Row) -> Admission:

@@ -99,7 +99,6 @@ struct sa_ingress_metadata_t {
     bit<1>        admitted;
     bit<32>       generation;      /* the job's installed one: what a probe's reply carries */
     bit<16>       slot_room;       /* slot_count - slot, or 0 if the job has no such slot */
-    bit<8>        owner_room;      /* n_workers - owner, or 0 if the owner is not one of the job's ranks */
     bit<32>       worker_bit;      /* 1 << worker */
     bit<32>       other_workers;   /* the job's other workers: all_workers & ~worker_bit */
     bit<32>       all_workers;     /* the job's workers: (1 << n) - 1 */
@@ -130,11 +129,6 @@ struct sa_egress_headers_t {
     switchagg_h  sa;
 }
 
-/* Egress working state, which the egress parser sets: the values' bytes a replica keeps, K * 4 for a
- * whole result, 0 for a reduce-scatter's result to a worker that does not own the chunk (the parser
- * skipped its values: parser.p4). */
-struct sa_egress_metadata_t {
-    bit<16> value_bytes;
-}
+struct sa_egress_metadata_t { }
 
 #endif
