@@ -15,7 +15,8 @@ from .loopback import free_ports, run_processes
 from .switch.server import SoftSwitch
 
 
-def _mlp(width: int, depth: int):
+def mlp(width: int, depth: int):
+    """The seeded MLP every rank starts from (the demo's, and the training bench's)."""
     import torch
     from torch import nn
 
@@ -26,6 +27,20 @@ def _mlp(width: int, depth: int):
     return nn.Sequential(*layers, nn.Linear(width, 1))
 
 
+def start_rank(rank: int, world: int, port: int, backend: str, options):
+    """This process's rank in a group of ``backend`` (``options``: switchagg's), and its fixed batch (x, y)."""
+    import torch
+    import torch.distributed as dist
+
+    import switchagg.distributed  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120), pg_options=options if backend == "switchagg" else None)
+    x = torch.randn(128, 32, generator=torch.Generator().manual_seed(rank))
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
 def _ddp_worker(rank: int, queue, world: int, port: int, backend: str, options, steps: int) -> None:
     try:
         import torch
@@ -33,15 +48,8 @@ def _ddp_worker(rank: int, queue, world: int, port: int, backend: str, options, 
         from torch import nn
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        import switchagg.distributed  # noqa: F401 - registers the backend
-
-        torch.set_num_threads(1)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120), pg_options=options if backend == "switchagg" else None)
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn(128, 32, generator=g)
-        y = torch.sin(x.sum(dim=1, keepdim=True))
-        model = DDP(_mlp(64, 2))
+        x, y = start_rank(rank, world, port, backend, options)
+        model = DDP(mlp(64, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         losses = []
         for _ in range(steps):

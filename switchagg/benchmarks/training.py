@@ -12,8 +12,8 @@ import socket
 import statistics
 import time
 import traceback
-from datetime import timedelta
 
+from ..ddp_demo import mlp, start_rank
 from ..loopback import free_ports, run_processes
 from ..switch.server import SoftSwitch
 
@@ -21,14 +21,9 @@ WARMUP = 3
 
 
 def _model(kind: str, width: int, depth: int):
-    import torch
     from torch import nn
 
-    torch.manual_seed(0)
-    layers: list = [nn.Linear(32, width), nn.Tanh()]
-    for _ in range(depth - 1):
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    model = nn.Sequential(*layers, nn.Linear(width, 1))
+    model = mlp(width, depth)
     if kind == "ddp":
         return nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
@@ -46,14 +41,7 @@ def _worker(rank: int, queue, world: int, port: int, backend: str, kind: str, op
         import torch.distributed as dist
         from torch import nn
 
-        import switchagg.distributed  # noqa: F401 - registers the backend
-
-        torch.set_num_threads(1)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120), pg_options=options if backend == "switchagg" else None)
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn(128, 32, generator=g)
-        y = torch.sin(x.sum(dim=1, keepdim=True))
+        x, y = start_rank(rank, world, port, backend, options)
         model = _model(kind, width, depth)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         stats = dist.group.WORLD.client.transport_stats if backend == "switchagg" else None
