@@ -17,7 +17,7 @@ from torch import nn
 
 import switchagg.distributed  # noqa: F401 - registers the backend
 
-from .ddp_worker import batch, make_model
+from .ddp_worker import fixed_batch_losses, make_model
 
 STEPS = 4
 
@@ -31,18 +31,9 @@ def main() -> None:
     ints = torch.arange(3000, dtype=torch.int32) * (rank + 1)
     dist.all_reduce(ints)
     model = nn.parallel.DistributedDataParallel(make_model(), bucket_cap_mb=0.004)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for _ in range(STEPS):
-        x, y = batch(rank, 0)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    losses, params = fixed_batch_losses(model, rank, STEPS)
     dist.destroy_process_group()
-    np.savez(out, ints=ints.numpy(), losses=np.array(losses), params=params, job=job.job_id,
+    np.savez(out, ints=ints.numpy(), losses=np.array(losses), params=params.numpy(), job=job.job_id,
              slots=(job.slot_base, job.slot_count))
 
 

@@ -12,13 +12,12 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from switchagg import JobConfig
 from switchagg.ddp import SwitchAggState, allreduce_hook
 
-from .ddp_worker import batch, make_model
+from .ddp_worker import fixed_batch_losses, make_model
 
 STEPS = 4
 
@@ -35,17 +34,9 @@ def main() -> None:
         if mode == "switchagg":
             state = SwitchAggState.create(cfg, stall_timeout=8.0, probe_timeout=20.0)
             model.register_comm_hook(state, allreduce_hook)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        losses = []
-        for _ in range(STEPS):
-            x, y = batch(rank, 0)
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses, params = fixed_batch_losses(model, rank, STEPS)
         saved[f"{mode}_losses"] = np.array(losses)
-        saved[f"{mode}_params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+        saved[f"{mode}_params"] = params.numpy()
     state.close()
     dist.destroy_process_group()
     np.savez(out, **saved)

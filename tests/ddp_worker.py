@@ -28,6 +28,20 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.sin(x.sum(dim=1, keepdim=True))
 
 
+def fixed_batch_losses(model: nn.Module, rank: int, steps: int) -> tuple[list[float], torch.Tensor]:
+    """``steps`` of SGD on this rank's fixed batch: the losses, and the parameters after them, flat."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        x, y = batch(rank, 0)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
 def checked_hook(record: list):
     """The switchagg hook, with each bucket's result compared to gloo's exact mean."""
 
