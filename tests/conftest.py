@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from switchagg import JobConfig, SoftSwitch
+from switchagg import Client, JobConfig, SoftSwitch
 from switchagg.loopback import free_ports, loopback_job
 
 
@@ -56,6 +56,21 @@ def run_ranks(n: int, fn: Callable[[int], object], timeout: float = 60.0) -> lis
         t.join(timeout)
         assert not t.is_alive(), "a rank hung"
     return results
+
+
+def calls_on_ranks(cfg, per_rank, **client_kw):
+    """Each rank runs its list of callables ``f(client)`` in order; returns each rank's outcomes
+    (a value, or the exception the call raised)."""
+    def body(rank):
+        outcomes = []
+        with Client(cfg, rank, start_timeout=10, stall_timeout=3, **client_kw) as c:
+            for call in per_rank[rank]:
+                try:
+                    outcomes.append(call(c))
+                except Exception as exc:  # noqa: BLE001 - the outcome under test
+                    outcomes.append(exc)
+        return outcomes
+    return run_ranks(len(per_rank), body, timeout=60)
 
 
 def need(kind: str, missing: str | None) -> None:

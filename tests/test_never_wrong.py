@@ -16,22 +16,7 @@ import pytest
 from switchagg import Client, QuantizationError
 from switchagg.errors import CallMismatch, ClosedError, PeerFailed
 
-from .conftest import run_ranks
-
-
-def calls_on_ranks(cfg, per_rank, **client_kw):
-    """Each rank runs its list of callables ``f(client)`` in order; returns each rank's outcomes
-    (a value, or the exception the call raised)."""
-    def body(rank):
-        outcomes = []
-        with Client(cfg, rank, start_timeout=10, stall_timeout=3, **client_kw) as c:
-            for call in per_rank[rank]:
-                try:
-                    outcomes.append(call(c))
-                except Exception as exc:  # noqa: BLE001 - the outcome under test
-                    outcomes.append(exc)
-        return outcomes
-    return run_ranks(len(per_rank), body, timeout=60)
+from .conftest import calls_on_ranks
 
 
 def allreduce(x, **kw):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from switchagg import Client, QuantizationError, SoftSwitch, calls, codec
+from switchagg import QuantizationError, SoftSwitch, calls, codec
 from switchagg.calls import CallDescriptor, Layout
 from switchagg.errors import PeerFailed
 from switchagg.payloads import FloatPayloads, Int32Payloads
@@ -20,7 +20,7 @@ from switchagg.switch.model import SwitchModel
 from switchagg.window import Window
 from switchagg.wire import FLAG_OWNER, PacketType, datagram_size, unpack_header
 
-from .conftest import loopback_config, run_ranks
+from .conftest import calls_on_ranks, loopback_config
 from .simnet import IMPLEMENTATIONS, Agreed, Impairment, Job, SimNet
 
 
@@ -397,16 +397,7 @@ def test_the_c_stream_refuses_a_reduce_scatter_whose_buffers_do_not_fit():
 
 def on_ranks(cfg, per_rank, **client_kw) -> list[list]:
     """Each rank runs its callables ``f(client)`` in order on one Client; each one's value or exception."""
-    def body(rank):
-        outcomes = []
-        with Client(cfg, rank, start_timeout=10, stall_timeout=3, **client_kw) as c:
-            for call in per_rank[rank]:
-                try:
-                    outcomes.append(call(c))
-                except Exception as exc:  # noqa: BLE001 - the outcome under test
-                    outcomes.append(exc)
-        return outcomes
-    out = run_ranks(len(per_rank), body, timeout=60)
+    out = calls_on_ranks(cfg, per_rank, **client_kw)
     assert not any(isinstance(o, BaseException) for o in out), out
     return out
 
