@@ -9,8 +9,10 @@ refuse by name, field or width, and keeps what it accepts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -48,9 +50,9 @@ def compiled(request, tmp_path_factory) -> tuple[type[tofino.TofinoTarget], Path
     except SwitchAggError as exc:
         need("tofino", str(exc))
     target = request.param
-    out = ROOT / "build" / "test" / target.name
-    target.build(out)
-    return target, out
+    with contextlib.chdir(ROOT):  # a relative folder, as users give it to build-p4
+        target.build(Path("build") / "test" / target.name)
+    return target, ROOT / "build" / "test" / target.name
 
 
 @pytest.fixture
@@ -67,6 +69,17 @@ def test_the_program_fits_the_chip(compiled):
     stages = tofino_build.stages_used(out)
     assert 0 < stages <= target.chip.stages
     assert f"of {target.chip.stages} MAU stages" in report and "stateful ALUs" in report and "PHV" in report
+
+
+@pytest.mark.tofino
+def test_bf_switchd_s_configuration_names_the_build_by_absolute_paths(compiled):
+    """bf_switchd reads relative paths under $SDE_INSTALL: a relative build folder must give absolute ones."""
+    _, out = compiled
+    conf = json.loads((out / "switchagg.conf").read_text())
+    program = conf["p4_devices"][0]["p4_programs"][0]
+    files = [program["bfrt-config"]] + [p[k] for p in program["p4_pipelines"] for k in ("context", "config", "path")]
+    for f in files:
+        assert Path(f).is_absolute() and Path(f).exists(), f
 
 
 @pytest.mark.tofino

@@ -47,7 +47,9 @@ def build(chip: Chip, out_dir: Path) -> dict[str, Path]:
     if not MAIN.exists():
         raise SwitchAggError(f"the P4 sources are not at {MAIN.parent}: build from a checkout of switchagg")
     bf_p4c = compiler()
-    out = Path(out_dir)
+    # Absolute, because the compiler writes the paths it was given into switchagg.conf, and
+    # bf_switchd resolves relative ones under $SDE_INSTALL, not where the build is.
+    out = Path(out_dir).resolve()
     made = {"BfRt schema": out / "bfrt.json", "context": out / "pipe" / "context.json",
             "binary": out / "pipe" / f"{chip.target}.bin", "bf_switchd conf": out / f"{PROGRAM}.conf"}
     stamp = out / "sources.sha256"
