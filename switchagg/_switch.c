@@ -95,18 +95,38 @@ static inline int chunk_is_newer(uint32_t chunk, uint32_t stored) {
     return 0 < d && d < 0x80000000u;
 }
 
-/* The packets one datagram makes go to rows out[0..): header copied from the datagram with its type
- * (and, for a result, exponent and worker) rewritten, then the values. */
-static inline void write_head(unsigned char *row, const unsigned char *p, int type) {
+/* Where a batch's packets out go. Packet j is a header, len[j] bytes at buf[off[j]:], followed by a body,
+ * body_len[j] bytes at buf[body_off[j]:], to names row j. A result's values are written once, as a body
+ * that every packet of its multicast sends from (the socket hands the kernel each packet's two parts as
+ * iovecs), rather than once per worker: the headers differ (each names its rank, and a reduce-scatter's
+ * non-owners get count 0 and no values), the values do not. They are copied out of the register at all
+ * because a later datagram of the batch may overwrite it before the batch is sent. */
+typedef struct {
+    unsigned char *buf, *names;
+    uint32_t *off, *len, *body_off, *body_len;
+    Py_ssize_t at, made;  /* bytes of buf and packets written so far */
+} Out;
+
+/* A packet out to `name` with no body: the datagram's header with its type rewritten; returns the header's
+ * row for the caller's other fields. */
+static inline unsigned char *emit(Out *o, const unsigned char *p, int type, const unsigned char *name) {
+    unsigned char *row = o->buf + o->at;
     memcpy(row, p, HEADER_SIZE);
     row[OFF_TYPE] = (unsigned char)type;
+    o->off[o->made] = (uint32_t)o->at;
+    o->len[o->made] = HEADER_SIZE;
+    o->body_off[o->made] = 0;
+    o->body_len[o->made] = 0;
+    memcpy(o->names + o->made * NAME, name, NAME);
+    o->at += HEADER_SIZE;
+    o->made++;
+    return row;
 }
 
 /* The stages a CONTRIB runs on copy i (tag -> bitmap -> count -> exponent -> values) and the packets it
  * makes, or a QUERY's read of the tag and bitmap; with shards, under the copy's mutex. */
 static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssize_t i, const unsigned char *p,
-                      const unsigned char *src, unsigned char *out, Py_ssize_t out_stride, uint32_t *out_len,
-                      unsigned char *out_names, Fault *fault) {
+                      const unsigned char *src, Out *out, Fault *fault) {
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
     uint32_t count = get16(p + OFF_COUNT), generation = get32(p + OFF_GENERATION), chunk = get32(p + OFF_CHUNK);
     /* Stage 1, tag: is this chunk new to the copy, the one it holds, or older? */
@@ -118,10 +138,7 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
     }
     if (type == TYPE_QUERY) {  /* read the bitmap, write nothing: SwitchModel._query */
         counters[QUERIES]++;
-        write_head(out, p, TYPE_PENDING);
-        put32(out + OFF_KEY, fresh ? 0 : sw->bitmap[i]);
-        *out_len = HEADER_SIZE;
-        memcpy(out_names, src, NAME);
+        put32(emit(out, p, TYPE_PENDING, src) + OFF_KEY, fresh ? 0 : sw->bitmap[i]);
         return 1;
     }
     if (fresh)
@@ -175,19 +192,23 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
     /* A reduce-scatter's chunk (FLAG_OWNER, as the packet has it) goes whole to its owner alone; every other
      * worker gets the header with count 0 (SwitchModel._aggregate). */
     int to_owner = (flags & FLAG_OWNER) != 0, n = repeat ? 1 : job->n_workers;
+    Py_ssize_t body = -1;  /* where the values lie in out->buf, once a packet that carries them is made */
     for (int r = 0; r < n; r++) {
-        unsigned char *row = out + r * out_stride;
         int rank = repeat ? worker : r, whole = !to_owner || rank == owner;
-        write_head(row, p, TYPE_RESULT);
+        if (whole && body < 0) {
+            body = out->at;
+            memcpy(out->buf + body, sw->values[i], bytes);
+            out->at += (Py_ssize_t)bytes;
+        }
+        unsigned char *row = emit(out, p, TYPE_RESULT, repeat ? src : job->names[r]);
         row[OFF_EXPONENT] = (unsigned char)sw->exponent[i];
         row[OFF_WORKER] = (unsigned char)rank;  /* each replica names its rank, as the P4 egress writes it */
         if (whole) {
-            memcpy(row + HEADER_SIZE, sw->values[i], bytes);
+            out->body_off[out->made - 1] = (uint32_t)body;
+            out->body_len[out->made - 1] = (uint32_t)bytes;
         } else {
             put16(row + OFF_COUNT, 0);
         }
-        out_len[r] = (uint32_t)(HEADER_SIZE + (whole ? bytes : 0));
-        memcpy(out_names + r * NAME, repeat ? src : job->names[r], NAME);
     }
     if (repeat) {
         counters[RESULTS_UNICAST]++;
@@ -207,11 +228,10 @@ static inline int home_shard(const Switch *sw, const unsigned char *p, Py_ssize_
     return len >= OFF_SLOT + 2 ? (int)((get16(p + OFF_SLOT) * SPREAD >> 16) % shards) : 0;
 }
 
-/* One datagram, served by `shard`: returns how many packets it made in out rows [0..), or -1 with the fault
- * said (the copy's stored values have another length, which SwitchModel raises for too; no memory). */
+/* One datagram, served by `shard`: returns how many packets it added to out, or -1 with the fault said (the
+ * copy's stored values have another length, which SwitchModel raises for too; no memory). */
 static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t len, const unsigned char *src,
-                       unsigned char *out, Py_ssize_t out_stride, uint32_t *out_len, unsigned char *out_names,
-                       Fault *fault) {
+                       Out *out, Fault *fault) {
     ShardRow *mine = &sw->shard[shard];
     unsigned long long *global = mine->c;
     mine->datagrams++;
@@ -241,10 +261,7 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
     unsigned long long *counters = job->counters[shard].c;
     if (type == TYPE_PROBE) {
         counters[PROBES]++;
-        write_head(out, p, TYPE_PROBE_REPLY);
-        put32(out + OFF_GENERATION, job->generation);
-        *out_len = HEADER_SIZE;
-        memcpy(out_names, src, NAME);
+        put32(emit(out, p, TYPE_PROBE_REPLY, src) + OFF_GENERATION, job->generation);
         return 1;
     }
     uint32_t generation = get32(p + OFF_GENERATION), slot = get16(p + OFF_SLOT);
@@ -268,9 +285,9 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
     }
     Py_ssize_t i = 2 * ((Py_ssize_t)job->slot_base + slot) + (flags & FLAG_COPY);
     if (sw->copy_lock == NULL)
-        return serve_copy(sw, job, counters, i, p, src, out, out_stride, out_len, out_names, fault);
+        return serve_copy(sw, job, counters, i, p, src, out, fault);
     pthread_mutex_lock(&sw->copy_lock[i]);
-    int n = serve_copy(sw, job, counters, i, p, src, out, out_stride, out_len, out_names, fault);
+    int n = serve_copy(sw, job, counters, i, p, src, out, fault);
     pthread_mutex_unlock(&sw->copy_lock[i]);
     return n;
 }
@@ -294,12 +311,13 @@ static int get_array(PyObject *obj, Py_buffer *b, int writable, Py_ssize_t width
 
 PyDoc_STRVAR(process_doc,
 "process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets, out_lengths, out_names,\n"
-"        shard=0) -> (next, made)\n\n"
+"        out_body_offsets, out_body_lengths, shard=0) -> (next, made)\n\n"
 "Handle datagrams start..stop-1 (datagram i is in_lengths[i] bytes at in_buf[in_offsets[i]:], from the\n"
-"sockaddr_in in row i of in_names) and write the packets they make one after another into out_buf,\n"
-"packet j described by out_offsets[j], out_lengths[j] and its destination in row j of out_names. Stops\n"
-"before a datagram whose packets might not fit; returns the next datagram to handle and how many\n"
-"packets were made. It runs without the GIL; `shard` (0..shards-1) is whose counters it adds to, and\n"
+"sockaddr_in in row i of in_names) and write the packets they make into out_buf: packet j is a header,\n"
+"out_lengths[j] bytes at out_offsets[j], then a body, out_body_lengths[j] bytes at out_body_offsets[j]\n"
+"(a result's values, written once for all the packets of its multicast), to the destination in row j\n"
+"of out_names. Stops before a datagram whose packets might not fit; returns the next datagram to\n"
+"handle and how many packets were made. It runs without the GIL; `shard` (0..shards-1) is whose counters it adds to, and\n"
 "several threads may call it at once, each with a shard of its own and arrays of its own.");
 
 typedef struct {
@@ -307,74 +325,70 @@ typedef struct {
     const uint32_t *in_off, *in_len;
     Py_ssize_t in_bytes, cap, out_bytes;
     unsigned char *out, *out_names;
-    uint32_t *out_off, *out_len;
+    uint32_t *out_off, *out_len, *body_off, *body_len;
 } Batch;
 
 /* Datagrams start..stop-1 of the batch under the table's read lock, without the GIL; returns the next one to
  * handle, *made the packets written. */
 static Py_ssize_t serve_batch(Switch *sw, int shard, const Batch *b, Py_ssize_t start, Py_ssize_t stop,
                               Py_ssize_t *made_out, Fault *fault) {
-    Py_ssize_t i = start, made = 0, at = 0;
+    Py_ssize_t i = start;
+    Out out = {b->out, b->out_names, b->out_off, b->out_len, b->body_off, b->body_len, 0, 0};
     pthread_rwlock_rdlock(&sw->table);
     for (; i < stop; i++) {
-        Py_ssize_t len = b->in_len[i], size = len > HEADER_SIZE ? len : HEADER_SIZE;  /* what each packet out takes */
+        Py_ssize_t len = b->in_len[i];
         if ((size_t)b->in_off[i] + (size_t)len > (size_t)b->in_bytes) {
             fault->code = FAULT_OUTSIDE;
             fault->a = i;
             break;
         }
-        if (made + sw->fanout > b->cap || at + sw->fanout * size > b->out_bytes) {
-            if (made == 0) {
+        /* the most one datagram makes: a header per worker and its values once (len covers them) */
+        if (out.made + sw->fanout > b->cap || out.at + sw->fanout * HEADER_SIZE + len > b->out_bytes) {
+            if (out.made == 0) {
                 fault->code = FAULT_FANOUT;
                 fault->a = sw->fanout;
-                fault->b = size;
+                fault->b = len;
             }
             break;
         }
-        int n = process_one(sw, shard, b->in + b->in_off[i], len, b->in_names + i * NAME, b->out + at, size,
-                            b->out_len + made, b->out_names + made * NAME, fault);
-        if (n < 0)
+        if (process_one(sw, shard, b->in + b->in_off[i], len, b->in_names + i * NAME, &out, fault) < 0)
             break;
-        for (int r = 0; r < n; r++)
-            b->out_off[made + r] = (uint32_t)(at + r * size);
-        made += n;
-        at += n * size;
     }
     pthread_rwlock_unlock(&sw->table);
-    *made_out = made;
+    *made_out = out.made;
     return i;
 }
 
 static PyObject *Switch_process(Switch *sw, PyObject *args) {
-    PyObject *o[8];
+    PyObject *o[10];
     Py_ssize_t start, stop;
     int shard = 0;
-    if (!PyArg_ParseTuple(args, "OOOOnnOOOO|i", &o[0], &o[1], &o[2], &o[3], &start, &stop, &o[4], &o[5], &o[6],
-                          &o[7], &shard))
+    if (!PyArg_ParseTuple(args, "OOOOnnOOOOOO|i", &o[0], &o[1], &o[2], &o[3], &start, &stop, &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &shard))
         return NULL;
     if (shard < 0 || shard >= sw->shards)
         return PyErr_Format(PyExc_ValueError, "Switch.process: shard %d, this switch has shards 0..%d", shard,
                             sw->shards - 1);
-    static const char *names[] = {"in_buf", "in_offsets", "in_lengths", "in_names",
-                                  "out_buf", "out_offsets", "out_lengths", "out_names"};
-    static const Py_ssize_t widths[] = {-1, 0, 0, NAME, -1, 0, 0, NAME};
-    Py_buffer b[8];
+    static const char *names[] = {"in_buf", "in_offsets", "in_lengths", "in_names", "out_buf", "out_offsets",
+                                  "out_lengths", "out_names", "out_body_offsets", "out_body_lengths"};
+    static const Py_ssize_t widths[] = {-1, 0, 0, NAME, -1, 0, 0, NAME, 0, 0};
+    Py_buffer b[10];
     int got = 0;
-    for (; got < 8; got++)
+    for (; got < 10; got++)
         if (get_array(o[got], &b[got], got >= 4, widths[got], names[got]) < 0)
             break;
     PyObject *result = NULL;
-    if (got < 8)
+    if (got < 10)
         goto done;
     Py_ssize_t rows = b[1].shape[0], cap = b[5].shape[0];
     if (start < 0 || stop > rows || b[2].shape[0] < rows || b[3].shape[0] < rows || b[6].shape[0] < cap
-            || b[7].shape[0] < cap) {
-        PyErr_SetString(PyExc_ValueError, "Switch.process: start..stop must lie within in_offsets, and each "
-                        "lengths and names array must have a row per offset");
+            || b[7].shape[0] < cap || b[8].shape[0] < cap || b[9].shape[0] < cap) {
+        PyErr_SetString(PyExc_ValueError, "Switch.process: start..stop must lie within in_offsets; the in arrays "
+                        "need a row per in_offsets row, the out arrays one per out_offsets row");
         goto done;
     }
     Batch batch = {b[0].buf, b[3].buf, b[1].buf, b[2].buf, b[0].len, cap, b[4].len, b[4].buf, b[7].buf, b[5].buf,
-                   b[6].buf};
+                   b[6].buf, b[8].buf, b[9].buf};
     Fault fault = {FAULT_NONE, 0, 0};
     Py_ssize_t next, made;
     Py_BEGIN_ALLOW_THREADS
@@ -394,8 +408,8 @@ static PyObject *Switch_process(Switch *sw, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "Switch.process: datagram %zd lies outside in_buf", fault.a);
         break;
     default:
-        PyErr_Format(PyExc_ValueError, "Switch.process: out_buf and out_offsets must hold a multicast of "
-                     "%zd packets of %zd bytes", fault.a, fault.b);
+        PyErr_Format(PyExc_ValueError, "Switch.process: out_buf and out_offsets must hold a multicast: %zd "
+                     "headers and a %zd-byte datagram's values", fault.a, fault.b);
     }
 done:
     for (int j = 0; j < got; j++)

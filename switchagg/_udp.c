@@ -10,7 +10,9 @@
  * Tofino still sees ordinary frames, one chunk each.
  *
  * send() groups the packets of a batch by destination (stable: each destination's packets leave in
- * the order given) into runs of equal-sized packets (the last of a run may be shorter, as the kernel
+ * the order given) into runs of equal-sized packets (a packet is one part, or two: a header and a body
+ * that several packets may share, as the embedded switch's multicast sends one copy of a sum to every
+ * worker, each part an iovec) (the last of a run may be shorter, as the kernel
  * allows) and sends each run as one message; a kernel that refuses segmentation for this socket
  * (EIO from a device without checksum offload, EINVAL, ...) gets the rest of the batch as plain
  * datagrams and the caller is told, so it stops asking. recv() splits each message by the segment
@@ -64,8 +66,10 @@ typedef struct {
     Py_ssize_t n;
     const unsigned char *buf, *names;  /* names: n sockaddr_in, or NULL on a connected socket */
     const uint32_t *offsets, *lengths;
+    const uint32_t *body_offsets, *body_lengths;  /* each packet's second part, or NULL: one part a packet */
+    int parts;                          /* iovecs a packet: 1, or 2 with bodies */
     Py_ssize_t *order;                  /* the packets grouped by destination */
-    struct iovec *iov;                  /* iov[k] is packet order[k] */
+    struct iovec *iov;                  /* iov[parts * k ..] is packet order[k] */
     struct mmsghdr *msgs;
     SegmentCmsg *cmsgs;
     Py_ssize_t *first;                  /* msgs[m] carries packets order[first[m]..first[m + 1]) */
@@ -110,6 +114,11 @@ static void group(Batch *b) {
     free(dest);
 }
 
+/* A packet's bytes on the wire: its parts together. */
+static size_t packet_size(const Batch *b, Py_ssize_t p) {
+    return (size_t)b->lengths[p] + (b->body_lengths ? b->body_lengths[p] : 0);
+}
+
 static int same_destination(const Batch *b, Py_ssize_t i, Py_ssize_t j) {
     return b->names == NULL || !memcmp(b->names + i * NAME + 2, b->names + j * NAME + 2, 6);
 }
@@ -120,21 +129,20 @@ static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_seg
     Py_ssize_t m = at;
     for (Py_ssize_t k = from; k < b->n; m++) {
         Py_ssize_t p = b->order[k];
-        uint32_t segment = b->lengths[p];
-        size_t total = segment;
+        size_t segment = packet_size(b, p), total = segment;
         Py_ssize_t end = k + 1;
-        while (end < b->n && end - k < max_segments && b->lengths[b->order[end - 1]] == segment) {
+        while (end < b->n && end - k < max_segments && packet_size(b, b->order[end - 1]) == segment) {
             Py_ssize_t q = b->order[end];
-            if (b->lengths[q] > segment || b->lengths[q] == 0 || total + b->lengths[q] > MAX_UDP
-                    || !same_destination(b, p, q))
+            size_t size = packet_size(b, q);
+            if (size > segment || size == 0 || total + size > MAX_UDP || !same_destination(b, p, q))
                 break;
-            total += b->lengths[q];
+            total += size;
             end++;
         }
         struct msghdr *h = &b->msgs[m].msg_hdr;
         memset(h, 0, sizeof(*h));
-        h->msg_iov = &b->iov[k];
-        h->msg_iovlen = (size_t)(end - k);
+        h->msg_iov = &b->iov[b->parts * k];  /* a message's packets' parts, one after another: GSO cuts by size */
+        h->msg_iovlen = (size_t)(b->parts * (end - k));
         if (b->names != NULL) {
             h->msg_name = (void *)(b->names + p * NAME);
             h->msg_namelen = NAME;
@@ -176,10 +184,12 @@ static PyObject *os_error(int err) {
 }
 
 PyDoc_STRVAR(send_doc,
-"send(fd, buf, offsets, lengths, names, n, max_segments) -> (sent, refused, calls, gso_errno)\n\n"
-"Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), to the\n"
-"sockaddr_in in row i of names (a uint8 array, 16 bytes a row), or to the connected peer when names\n"
-"is None. With max_segments > 1 the packets go out grouped by destination, each run of equal-sized\n"
+"send(fd, buf, offsets, lengths, names, n, max_segments, body_offsets=None, body_lengths=None)\n"
+"    -> (sent, refused, calls, gso_errno)\n\n"
+"Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), followed,\n"
+"where body arrays are given, by body_lengths[i] bytes at buf[body_offsets[i]:] (a body several\n"
+"packets may share: the kernel reads each packet's two parts as iovecs), to the sockaddr_in in row i\n"
+"of names (a uint8 array, 16 bytes a row), or to the connected peer when names is None. With max_segments > 1 the packets go out grouped by destination, each run of equal-sized\n"
 "packets as one segmented message. What the kernel refuses is counted in refused, not raised; if it\n"
 "refuses segmentation, the rest goes out plainly and gso_errno says why (else 0).");
 
@@ -187,18 +197,28 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     int fd;
     long max_segments;
     Py_ssize_t n;
-    PyObject *buf_obj, *off_obj, *len_obj, *names_obj;
-    if (!PyArg_ParseTuple(args, "iOOOOnl", &fd, &buf_obj, &off_obj, &len_obj, &names_obj, &n, &max_segments))
+    PyObject *buf_obj, *off_obj, *len_obj, *names_obj, *body_off_obj = Py_None, *body_len_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "iOOOOnl|OO", &fd, &buf_obj, &off_obj, &len_obj, &names_obj, &n, &max_segments,
+                          &body_off_obj, &body_len_obj))
         return NULL;
     PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
-    Py_buffer v[4] = {{0}}, buf, off, len, names;
+    Py_buffer v[4] = {{0}}, buf, off, len, names, body_off = {0}, body_len = {0};
     PyObject *result = NULL;
     Batch b = {0};
     if (get_batch(objs, v, 0) < 0)
         goto done;
     buf = v[0], off = v[1], len = v[2], names = v[3];
-    if (n < 0 || off.len < 4 * n || len.len < 4 * n || (names_obj != Py_None && names.len < NAME * n)) {
-        PyErr_SetString(PyExc_ValueError, "send: offsets and lengths need n uint32 each, names n rows of 16 bytes");
+    if ((body_off_obj == Py_None) != (body_len_obj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "send: body_offsets and body_lengths go together");
+        goto done;
+    }
+    if (body_off_obj != Py_None && (PyObject_GetBuffer(body_off_obj, &body_off, PyBUF_SIMPLE) < 0
+                                    || PyObject_GetBuffer(body_len_obj, &body_len, PyBUF_SIMPLE) < 0))
+        goto done;
+    if (n < 0 || off.len < 4 * n || len.len < 4 * n || (names_obj != Py_None && names.len < NAME * n)
+            || (body_off_obj != Py_None && (body_off.len < 4 * n || body_len.len < 4 * n))) {
+        PyErr_SetString(PyExc_ValueError, "send: offsets and lengths (and bodies') need n uint32 each, names n "
+                        "rows of 16 bytes");
         goto done;
     }
     b.n = n;
@@ -206,14 +226,19 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     b.offsets = off.buf;
     b.lengths = len.buf;
     b.names = names_obj == Py_None ? NULL : names.buf;
+    b.body_offsets = body_off_obj == Py_None ? NULL : body_off.buf;
+    b.body_lengths = body_off_obj == Py_None ? NULL : body_len.buf;
+    b.parts = body_off_obj == Py_None ? 1 : 2;
     for (Py_ssize_t i = 0; i < n; i++)
-        if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len) {
-            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u) lies outside the buffer", i,
-                         b.lengths[i], b.offsets[i]);
+        if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len
+                || (b.body_offsets && (size_t)b.body_offsets[i] + b.body_lengths[i] > (size_t)buf.len)) {
+            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %u at %u) lies outside the "
+                         "buffer", i, b.lengths[i], b.offsets[i], b.body_lengths ? b.body_lengths[i] : 0,
+                         b.body_offsets ? b.body_offsets[i] : 0);
             goto done;
         }
     b.order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    b.iov = malloc(sizeof(struct iovec) * (size_t)(n + 1));
+    b.iov = malloc(sizeof(struct iovec) * (size_t)b.parts * (size_t)(n + 1));
     b.msgs = malloc(sizeof(struct mmsghdr) * (size_t)(n + 1));
     b.cmsgs = malloc(sizeof(SegmentCmsg) * (size_t)(n + 1));
     b.first = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
@@ -227,8 +252,13 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     group(&b);
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t p = b.order[k];
-        b.iov[k].iov_base = (void *)(b.buf + b.offsets[p]);
-        b.iov[k].iov_len = b.lengths[p];
+        struct iovec *io = &b.iov[b.parts * k];
+        io[0].iov_base = (void *)(b.buf + b.offsets[p]);
+        io[0].iov_len = b.lengths[p];
+        if (b.parts == 2) {
+            io[1].iov_base = (void *)(b.buf + b.body_offsets[p]);
+            io[1].iov_len = b.body_lengths[p];
+        }
     }
     Py_ssize_t count = lay_out(&b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
     while (m < count) {
@@ -264,6 +294,8 @@ done:
     free(b.cmsgs);
     free(b.first);
     release_batch(v);
+    PyBuffer_Release(&body_off);
+    PyBuffer_Release(&body_len);
     return result;
 }
 

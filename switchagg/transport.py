@@ -139,6 +139,10 @@ class UdpSocket:
         self.out_offsets = np.zeros(batch, dtype=np.uint32)
         self.out_lengths = np.zeros(batch, dtype=np.uint32)
         self.out_names = np.zeros((batch, NAME_SIZE), dtype=np.uint8)
+        # ... followed by out_body_lengths[i] bytes at out_buf[out_body_offsets[i]:] with send_packets(bodies=True):
+        # a body several packets share (the embedded switch's multicast: one copy of a sum, a header per worker).
+        self.out_body_offsets = np.zeros(batch, dtype=np.uint32)
+        self.out_body_lengths = np.zeros(batch, dtype=np.uint32)
         rows = len(self.out_buf) // max_datagram
         self.out_rows = self.out_buf[:rows * max_datagram].reshape(rows, max_datagram)
         self._row_offsets = (max_datagram * np.arange(min(rows, batch))).astype(np.uint32)
@@ -208,26 +212,28 @@ class UdpSocket:
 
     # ---- sending ---------------------------------------------------------------------------------
 
-    def send_packets(self, n: int) -> int:
+    def send_packets(self, n: int, bodies: bool = False) -> int:
         """Send packets 0..n-1 as :attr:`out_buf`, :attr:`out_offsets`, :attr:`out_lengths` and (unconnected)
-        :attr:`out_names` describe them; returns how many the kernel refused (they count as lost).
+        :attr:`out_names` describe them, each followed by its body (:attr:`out_body_offsets`,
+        :attr:`out_body_lengths`) with ``bodies``; returns how many the kernel refused (they count as lost).
 
-        The C switch's path: it writes all four.
+        The C switch's path: it writes all six, a result's values once for all the packets that carry them.
         """
         if not 0 <= n <= self.batch:
             raise ValueError(f"send_packets: n = {n}, this socket sends at most {self.batch} at a time")
         if n == 0:
             return 0
         if not self.batched:
-            return self._send_plain(n)
+            return self._send_plain(n, bodies)
         names = None if self.peer is not None else self.out_names
+        body = (self.out_body_offsets, self.out_body_lengths) if bodies else ()
         sent, refused, calls, gso_errno = _udp.send(self._fd, self.out_buf, self.out_offsets, self.out_lengths,
-                                                    names, n, self.segments)
+                                                    names, n, self.segments, *body)
         if gso_errno:  # the kernel will not segment for this socket: stop asking
             self.gso, self.segments = False, 1
             self._gso_refused = errno.errorcode.get(gso_errno, str(gso_errno))
         self.stats.sent += sent
-        self.stats.bytes_sent += int(self.out_lengths[:n].sum())
+        self.stats.bytes_sent += self._bytes_out(n, bodies)
         self.stats.send_calls += calls
         self.stats.refused += refused
         return refused
@@ -275,18 +281,26 @@ class UdpSocket:
             n, at = n + 1, at + len(data)
         return refused + self.send_packets(n)
 
-    def _send_plain(self, n: int) -> int:
+    def _bytes_out(self, n: int, bodies: bool) -> int:
+        """The UDP payload bytes of packets 0..n-1, their bodies' included where they have them."""
+        return int(self.out_lengths[:n].sum()) + (int(self.out_body_lengths[:n].sum()) if bodies else 0)
+
+    def _send_plain(self, n: int, bodies: bool) -> int:
         refused = 0
         view = memoryview(self.out_buf)
-        self.stats.bytes_sent += int(self.out_lengths[:n].sum())
+        self.stats.bytes_sent += self._bytes_out(n, bodies)
         for i in range(n):
             at, length = int(self.out_offsets[i]), int(self.out_lengths[i])
+            parts = [view[at:at + length]]
+            if bodies:
+                at, length = int(self.out_body_offsets[i]), int(self.out_body_lengths[i])
+                parts.append(view[at:at + length])
             self.stats.send_calls += 1
             try:
                 if self.peer is not None:
-                    self.sock.send(view[at:at + length])
+                    self.sock.sendmsg(parts)
                 else:
-                    self.sock.sendto(view[at:at + length], from_sockaddr_in(self.out_names[i].tobytes()))
+                    self.sock.sendmsg(parts, [], 0, from_sockaddr_in(self.out_names[i].tobytes()))
                 self.stats.sent += 1
             except BlockingIOError:
                 refused += 1

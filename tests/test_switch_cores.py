@@ -18,7 +18,7 @@ from switchagg import Client, ConfigError, SoftSwitch
 from switchagg.switch.model import SwitchModel
 from switchagg.switch.native import MAX_SHARDS, NativeSwitch
 from switchagg.switch.server import STEERING, home_shard, steering_program
-from switchagg.transport import BATCHED_AVAILABLE, NAME_SIZE, sockaddr_in
+from switchagg.transport import BATCHED_AVAILABLE, sockaddr_in
 from switchagg.wire import HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 from . import simnet
@@ -38,7 +38,7 @@ from .test_client import (
 from .test_reduce_scatter import (
     test_each_client_gets_its_shard_through_the_embedded_switch as test_each_client_gets_its_shard_on_two_cores,
 )
-from .test_switch_model import job, pkt, random_traffic, src
+from .test_switch_model import Out, job, pkt, random_traffic, src
 
 __all__ = ["test_allreduce_matches_numpy_on_two_cores", "test_dtypes_mean_out_and_async_on_two_cores",
            "test_each_client_gets_its_shard_on_two_cores", "test_foreign_sender_and_fuzzed_headers_on_two_cores",
@@ -131,15 +131,12 @@ def test_a_copy_served_by_two_shards_at_once_counts_every_contribution_once():
             offsets = (width * np.arange(len(mine))).astype(np.uint32)
             lengths = np.full(len(mine), width, np.uint32)
             in_names = names[mine[:, 0]]
-            out = np.zeros(64 * width, np.uint8)
-            out_offsets, out_lengths = np.zeros(64, np.uint32), np.zeros(64, np.uint32)
-            out_names = np.zeros((64, NAME_SIZE), np.uint8)
+            out = Out(64, 64 * width)
             start = 0
             while start < len(mine):
-                start, made = native.process_batch(buf, offsets, lengths, in_names, start, len(mine), out, out_offsets,
-                                                   out_lengths, out_names, shard)
-                got[shard] += [(bytes(out_names[i]), out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes())
-                               for i in range(made)]
+                start, made = native.process_batch(buf, offsets, lengths, in_names, start, len(mine), *out.arrays(),
+                                                   shard)
+                got[shard] += out.packets(made)
 
         run_ranks(2, serve)
         results = got[0] + got[1]
@@ -171,20 +168,18 @@ def test_a_control_operation_waits_for_the_batch_in_progress(shards):
     caught_mid_batch, batches = False, 0
     while batches < 10 and not caught_mid_batch:
         batches += 1
-        out = np.zeros((count + 2) * HEADER_SIZE, np.uint8)
-        out_offsets, out_lengths = np.zeros(count + 2, np.uint32), np.zeros(count + 2, np.uint32)
-        out_names = np.zeros((count + 2, NAME_SIZE), np.uint8)
+        out = Out(count + 2, (count + 2) * HEADER_SIZE)
         old = native.jobs[1].generation
         new = old + 1
         batch = threading.Thread(target=native.process_batch, args=(
-            buf, offsets, lengths, names, 0, count, out, out_offsets, out_lengths, out_names, shards - 1))
+            buf, offsets, lengths, names, 0, count, *out.arrays(), shards - 1))
         batch.start()
-        while not out_lengths[0]:  # the batch's first answer is written: it holds the table now
+        while not out.lengths[0]:  # the batch's first answer is written: it holds the table now
             assert batch.is_alive(), "the batch failed before it answered"
-        running = not out_lengths[count - 1]
+        running = not out.lengths[count - 1]
         native.set_generation(1, new)
         batch.join()
-        generations = out.reshape(-1, HEADER_SIZE)[:count, 12:16].copy().view(">u4").ravel()
+        generations = out.buf.reshape(-1, HEADER_SIZE)[:count, 12:16].copy().view(">u4").ravel()
         assert (generations == old).all(), f"{(generations != old).sum()} probes saw the reset"
         assert native.process(probe, src(0))[0].header.generation == new
         caught_mid_batch = running

@@ -11,7 +11,7 @@ from switchagg.errors import ConfigError
 from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
 from switchagg.switch.native import NativeSwitch
 from switchagg.switch.records import RESULTS_KEPT
-from switchagg.transport import sockaddr_in
+from switchagg.transport import NAME_SIZE, sockaddr_in
 from switchagg.wire import FLAG_COPY, FLAG_OWNER, HEADER_SIZE, PacketType, make_header, unpack_header, values_of
 
 from . import frames
@@ -565,6 +565,36 @@ def test_native_switch_matches_the_model_on_random_traffic():
     assert all(jobs[1][c] or jobs[7][c] for c in jobs[1])
 
 
+class Out:
+    """The out arrays of :meth:`NativeSwitch.process_batch`, as the server's socket holds them, and the packets
+    they describe: packet i is its header and then its body (a result's values, shared by its multicast)."""
+
+    def __init__(self, packets: int, nbytes: int) -> None:
+        self.buf = np.zeros(nbytes, np.uint8)
+        self.offsets, self.lengths, self.body_offsets, self.body_lengths = np.zeros((4, packets), np.uint32)
+        self.names = np.zeros((packets, NAME_SIZE), np.uint8)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """process_batch's out arguments, in its order."""
+        return self.buf, self.offsets, self.lengths, self.names, self.body_offsets, self.body_lengths
+
+    def packets(self, made: int) -> list[tuple[bytes, bytes]]:
+        """(destination sockaddr_in, datagram) of packets 0..made-1, as the socket sends them."""
+        def part(at, length):
+            return self.buf[at:at + length].tobytes()
+        return [(bytes(self.names[i]), part(self.offsets[i], self.lengths[i])
+                 + part(self.body_offsets[i], self.body_lengths[i])) for i in range(made)]
+
+
+def batch_of(traffic: list[tuple[bytes, tuple[str, int]]]) -> tuple[np.ndarray, ...]:
+    """process_batch's in arguments: the datagrams one after another, and their sources."""
+    buf = np.frombuffer(b"".join(data for data, _ in traffic), np.uint8)
+    lengths = np.array([len(data) for data, _ in traffic], np.uint32)
+    offsets = (np.cumsum(lengths) - lengths).astype(np.uint32)
+    names = np.array([np.frombuffer(sockaddr_in(source), np.uint8) for _, source in traffic])
+    return buf, offsets, lengths, names
+
+
 def test_process_batch_stops_where_a_multicast_might_not_fit_and_resumes():
     """The server's batch path: packets out in the model's order, however the out arrays split them."""
     ref, native = SwitchModel(16), NativeSwitch(16)
@@ -572,23 +602,50 @@ def test_process_batch_stops_where_a_multicast_might_not_fit_and_resumes():
         m.add_job(job(n=3))
     traffic = [(pkt(w, c), src(w)) for c in range(1, 5) for w in range(3)] + [(pkt(1, 4), src(1))]
     width = len(traffic[0][0])
-    buf = np.frombuffer(b"".join(data for data, _ in traffic), np.uint8)
-    names = np.array([np.frombuffer(sockaddr_in(source), np.uint8) for _, source in traffic])
-    offsets = (width * np.arange(len(traffic))).astype(np.uint32)
-    lengths = np.full(len(traffic), width, np.uint32)
-    out, out_names = np.zeros(4 * width, np.uint8), np.zeros((4, 16), np.uint8)
-    out_offsets, out_lengths = np.zeros(4, np.uint32), np.zeros(4, np.uint32)
+    batch = batch_of(traffic)
+    out = Out(4, 4 * width)
     got, start, calls = [], 0, 0
     while start < len(traffic):
-        start, made = native.process_batch(buf, offsets, lengths, names, start, len(traffic), out, out_offsets,
-                                           out_lengths, out_names)
-        got += [(bytes(out_names[i]), out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes())
-                for i in range(made)]
+        start, made = native.process_batch(*batch, start, len(traffic), *out.arrays())
+        got += out.packets(made)
         calls += 1
     want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
     assert got == want and len(want) == 13 and calls > 1
-    for small in ({"out_buf": out[:2 * width]}, {"out_offsets": out_offsets[:2]}):
-        args = {"out_buf": out, "out_offsets": out_offsets} | small
+    for small in (Out(4, 3 * HEADER_SIZE + width - 1), Out(2, 4 * width)):  # a byte short; a packet short
         with pytest.raises(ValueError, match="multicast"):
-            native.process_batch(buf, offsets, lengths, names, 0, 1, args["out_buf"], args["out_offsets"],
-                                 out_lengths, out_names)
+            native.process_batch(*batch, 0, 1, *small.arrays())
+
+
+def test_a_multicast_writes_its_values_once_and_every_packet_that_carries_them_points_there():
+    """A result to n workers is n headers (each naming its rank) and one copy of the sum, which every packet
+    of the multicast sends from; a reduce-scatter's non-owners get their header alone (count 0), and a
+    repeat's unicast its own copy. The packets are the model's, byte for byte, random traffic included."""
+    rng = np.random.default_rng(30)
+    ref, native = SwitchModel(8), NativeSwitch(8)
+    for m in (ref, native):
+        m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5))
+        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6))
+    traffic = [(pkt(w, 1, job_id=1, gen=5), src(w)) for w in range(3)]  # a multicast
+    traffic += [(pkt(w, 2, job_id=1, gen=5, flags=FLAG_OWNER, owner=2), src(w)) for w in range(3)]  # to its owner
+    traffic += [(pkt(0, 2, job_id=1, gen=5, flags=FLAG_OWNER, owner=2), src(0))]  # a repeat: unicast, a header
+    traffic += list(random_traffic(rng, 3000))
+    batch = batch_of(traffic)
+    out = Out(256, 1 << 16)
+    got, start, bodies = [], 0, []  # bodies: (call, offset, length) of each packet's
+    while start < len(traffic):
+        start, made = native.process_batch(*batch, start, len(traffic), *out.arrays())
+        got += out.packets(made)
+        bodies += [(start, int(out.body_offsets[i]), int(out.body_lengths[i])) for i in range(made)]
+    want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
+    assert got == want
+    assert bodies[0:3] == [bodies[0]] * 3 and bodies[0][2] == 4 * K  # one body, three packets
+    assert [n for *_, n in bodies[3:6]] == [0, 0, 4 * K] and bodies[6][2] == 0  # only the owner's carries it
+    readers: dict[tuple[int, int], list[tuple[tuple[int, ...], int]]] = {}
+    for (_, payload), (call, at, n) in zip(got, bodies, strict=True):
+        assert len(payload) == HEADER_SIZE + n
+        if n:
+            h = unpack_header(payload)
+            readers.setdefault((call, at), []).append(((h.job, h.slot, h.copy, h.chunk), h.worker))
+    # each body is one result's, each of its packets to another rank; and most served several
+    assert all(len({r for r, _ in v}) == 1 and len({w for _, w in v}) == len(v) for v in readers.values())
+    assert sum(len(v) > 1 for v in readers.values()) > 50

@@ -261,3 +261,32 @@ def test_a_refused_segmentation_falls_back_to_plain_datagrams_and_says_why():
         netns.delete_namespace(ns)
     assert out.returncode == 0, out.stderr
     assert re.fullmatch(r"sendmmsg \(GSO refused: (EINVAL|EMSGSIZE)\)/recvmmsg\+GRO", out.stdout.strip())
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_packets_of_a_header_and_a_shared_body_arrive_whole_each_to_its_destination(batched):
+    """The switch's multicast: a header per packet, the values once, every packet of the result pointing at them.
+    Segmented runs (two workers' 200 results each) cut the iovecs by size; a header alone (a reduce-scatter's
+    non-owner) or a longer header breaks a run as any other size does."""
+    with UdpSocket(("127.0.0.1", 0), batch=512, out_bytes=1 << 16, batched=batched) as sw, \
+            UdpSocket(("127.0.0.1", 0), batched=batched) as a, UdpSocket(("127.0.0.1", 0), batched=batched) as b:
+        want: dict[UdpSocket, list[bytes]] = {a: [], b: []}
+        at = n = 0
+        for r in range(200):
+            body_at, body = at, bytes([r % 256]) * (256 if r != 150 else 0)
+            sw.out_buf[at:at + len(body)] = np.frombuffer(body, np.uint8)
+            at += len(body)
+            for rx in (a, b):
+                head = bytes([r % 256, 0 if rx is a else 1]) * (12 if r != 199 else 13)
+                sw.out_buf[at:at + len(head)] = np.frombuffer(head, np.uint8)
+                sw.out_offsets[n], sw.out_lengths[n] = at, len(head)
+                sw.out_body_offsets[n], sw.out_body_lengths[n] = body_at, len(body)
+                sw.out_names[n] = np.frombuffer(sockaddr_in(rx.address), np.uint8)
+                want[rx].append(head + body)
+                at, n = at + len(head), n + 1
+        assert sw.send_packets(n, bodies=True) == 0
+        assert sw.stats.sent == n and sw.stats.bytes_sent == sum(map(len, want[a] + want[b]))
+        for rx in (a, b):
+            got = _receive(rx, 200)
+            assert [d for d, _ in got] == want[rx]
+            assert {src for _, src in got} == {sw.address}

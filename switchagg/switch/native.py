@@ -78,30 +78,33 @@ class NativeSwitch:
 
     def process_batch(self, in_buf: np.ndarray, in_offsets: np.ndarray, in_lengths: np.ndarray,
                       in_names: np.ndarray, start: int, stop: int, out_buf: np.ndarray, out_offsets: np.ndarray,
-                      out_lengths: np.ndarray, out_names: np.ndarray, shard: int = 0) -> tuple[int, int]:
-        """Datagrams ``start..stop-1`` in, packets to send out, as the server's socket lays both out;
-        see ``_native.Switch.process``. It runs without the GIL; ``shard`` is the calling thread's.
+                      out_lengths: np.ndarray, out_names: np.ndarray, out_body_offsets: np.ndarray,
+                      out_body_lengths: np.ndarray, shard: int = 0) -> tuple[int, int]:
+        """Datagrams ``start..stop-1`` in, packets to send out, as the server's socket lays both out
+        (:meth:`UdpSocket.send_packets` with ``bodies``); see ``_native.Switch.process``. Packet j
+        is its header (``out_offsets``, ``out_lengths``) and then its body (``out_body_offsets``,
+        ``out_body_lengths``): a result's values lie in ``out_buf`` once, and every packet of its
+        multicast points at them. It runs without the GIL; ``shard`` is the calling thread's.
 
         Returns the next datagram to handle (it stops early when the out arrays might not hold
         the next one's packets) and how many packets it wrote.
         """
         return self._core.process(in_buf, in_offsets, in_lengths, in_names, start, stop, out_buf, out_offsets,
-                                  out_lengths, out_names, shard)
+                                  out_lengths, out_names, out_body_offsets, out_body_lengths, shard)
 
     def process(self, data: bytes | memoryview, src: Address, shard: int = 0) -> list[Emit]:
         """One datagram in, what to send out: :meth:`SwitchModel.process`'s contract (served by ``shard``)."""
-        size = max(len(data), HEADER_SIZE)
         names = np.frombuffer(sockaddr_in(src), dtype=np.uint8).reshape(1, NAME_SIZE)
-        out = np.empty(MAX_WORKERS * size, dtype=np.uint8)
-        out_offsets = np.empty(MAX_WORKERS, dtype=np.uint32)
-        out_lengths = np.empty(MAX_WORKERS, dtype=np.uint32)
+        out = np.empty(MAX_WORKERS * HEADER_SIZE + len(data), dtype=np.uint8)
+        heads, bodies = np.empty((2, MAX_WORKERS), dtype=np.uint32), np.empty((2, MAX_WORKERS), dtype=np.uint32)
         out_names = np.empty((MAX_WORKERS, NAME_SIZE), dtype=np.uint8)
         _, made = self.process_batch(np.frombuffer(bytes(data), dtype=np.uint8), np.zeros(1, np.uint32),
-                                     np.array([len(data)], dtype=np.uint32), names, 0, 1, out, out_offsets,
-                                     out_lengths, out_names, shard)
+                                     np.array([len(data)], dtype=np.uint32), names, 0, 1, out, heads[0], heads[1],
+                                     out_names, bodies[0], bodies[1], shard)
         emits = []
         for i in range(made):
-            payload = out[out_offsets[i]:out_offsets[i] + out_lengths[i]].tobytes()
+            payload = out[heads[0, i]:heads[0, i] + heads[1, i]].tobytes() + \
+                out[bodies[0, i]:bodies[0, i] + bodies[1, i]].tobytes()
             values = values_of(payload, (len(payload) - HEADER_SIZE) // 4) if len(payload) > HEADER_SIZE else None
             emits.append(Emit(from_sockaddr_in(out_names[i].tobytes()), unpack_header(payload), values))
         return emits

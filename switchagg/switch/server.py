@@ -58,7 +58,7 @@ from .records import RESULTS_KEPT
 
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
-OUT_BYTES = 8 << 20  # ... and their bytes: room for 32 multicasts of the largest datagrams
+OUT_BYTES = 8 << 20  # ... and their bytes (a multicast takes a header per worker and its values once)
 
 SO_ATTACH_REUSEPORT_CBPF = 51  # asm-generic/socket.h
 STEERING = ("job", "slot")
@@ -238,16 +238,19 @@ class SoftSwitch:
             raise
 
     def _serve_batches(self, sock: UdpSocket, model: NativeSwitch, shard: int) -> None:
-        """Datagrams in and packets out as the socket's arrays: no Python object per packet. The C switch
-        locks what it touches (a control operation waits for the batch), and runs without the GIL."""
+        """Datagrams in and packets out as the socket's arrays: no Python object per packet, and a result's
+        values written once for its whole multicast (each packet a header of its own and a body they share).
+        The C switch locks what it touches (a control operation waits for the batch), and runs without the
+        GIL."""
         while not self._stop.is_set():
             got = sock.recv_packets(0.05)
             start = 0
             while start < got:
                 start, made = model.process_batch(sock.in_buf, sock.in_offsets, sock.in_lengths, sock.in_names,
                                                   start, got, sock.out_buf, sock.out_offsets, sock.out_lengths,
-                                                  sock.out_names, shard)
-                sock.send_packets(made)
+                                                  sock.out_names, sock.out_body_offsets, sock.out_body_lengths,
+                                                  shard)
+                sock.send_packets(made, bodies=True)
 
     def _serve_model(self, sock: UdpSocket, model: SwitchModel) -> None:
         while not self._stop.is_set():
