@@ -1,0 +1,697 @@
+"""P4Testgen's tests of ``p4/tna``, read without running PTF, and held to :class:`SwitchModel`.
+
+P4Testgen (p4c's ``backends/p4tools``, module testgen, Tofino target) executes the TNA program
+symbolically under its own model of the chip and writes, per path, a PTF test: the table entries
+and register values the path needs, the packet sent and the packets expected (or none: a drop).
+This module runs it (:func:`generate`), takes each test apart with :mod:`ast` (:func:`parse_ptf`:
+nothing of PTF or BfRt is imported or run), turns its admission entry into the job the control
+plane would have installed and its registers into the model's copy state (:func:`translate`), and
+works out from :meth:`SwitchModel.process_frame` what the Tofino program must do with the packet
+(:func:`tofino_expectation`): the packet it sends and the counters it bumps. :func:`compare` holds
+P4Testgen's expectation to that, and every test that cannot be compared is classified with its
+reason instead of being skipped. ``docs/tofino.md`` ("What P4Testgen checks") says what is
+covered.
+
+Three things are P4Testgen's and not the program's, and are handled here, each said where it is:
+
+* the admission entry and the registers P4Testgen makes up are any bits at all; a copy of the
+  program with ``testgen_assume`` lines in it (:func:`prepare_program`) keeps it to entries and
+  states a control plane and earlier packets can produce;
+* its checksum extern is not modelled (a reply's IPv4 checksum is taint), and its egress reads the
+  17-bit ``@flexible`` bridge header without the padding bf-p4c gives it, so every expected packet
+  lacks its first byte and most are masked: the fields are also taken from the trace of what the
+  ingress deparser emitted (:func:`ingress_emits`), which is P4Testgen's own, fully computed;
+* counters are no-ops in its model: which counter a packet bumps is read from the trace too.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import ipaddress
+import re
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from switchagg.frames import ETH_IP_UDP_SIZE, ipv4_checksum
+from switchagg.jobs import GlobalDrop, JobCounter, JobEntry
+from switchagg.switch.model import SwitchModel
+from switchagg.targets.p4c import P4_DIR
+from switchagg.targets.p4job import MAX_JOBS, NUM_SLOTS
+from switchagg.targets.tofino_build import Chip
+from switchagg.wire import FLAG_OWNER, HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
+
+P4TESTGEN = "p4testgen"
+TOOL_DIRS = ("/opt/tofino/bin",)
+HALF = P4_VALUES_PER_PACKET // 2  # values per pass (p4/tna/include/types.p4)
+RECIRC_SIZE = 18  # hdr.recirc, in front of a recirculated contribution
+BRIDGE_NONE, BRIDGE_FLOOD, BRIDGE_RESULT = 0, 1, 2  # SA_BRIDGE_* (types.p4)
+
+# Per chip: p4testgen's target and architecture, the chip's macro, the ports its tests may use: 64 of pipe
+# 0's front-panel ports, and its recirculation port (P4Testgen drops a path whose egress port is outside
+# these, so without it no contribution would recirculate)
+CHIPS = {
+    Chip.TOFINO: ("tofino", "tna", 1, "0:63,68:68"),
+    Chip.TOFINO2: ("tofino2", "t2na", 2, "8:71,6:6"),
+}
+
+
+# ---- running P4Testgen -----------------------------------------------------------------------------
+
+# What a control plane and earlier packets can produce, as P4Testgen path constraints in a copy of the
+# program: an admission entry as p4job.plan and tofino.py write it (rank r of n: bit 1 << r, the job's
+# workers (1 << n) - 1, slots inside the pool, the pipe's recirculation port), and a copy's worker bitmap
+# as packets leave it (the job's workers only, never empty once a run's generation is in the tag).
+_ADMIT_ASSUMPTIONS = """\
+        testgen_assume(job_index < SA_MAX_JOBS);
+        testgen_assume(hdr.sa.worker < SA_MAX_WORKERS && worker_bit == 32w1 << (bit<32>)hdr.sa.worker);
+        testgen_assume(all_workers != 0 && all_workers & (all_workers + 1) == 0 && all_workers & worker_bit != 0);
+        testgen_assume(other_workers == all_workers & ~worker_bit);
+        testgen_assume(slot_count != 0 && (bit<17>)slot_base + (bit<17>)slot_count <= SA_NUM_SLOTS);
+        testgen_assume(recirc_port == SA_TESTGEN_RECIRC_PORT);
+"""
+_WORKERS_ASSUMPTION = "            testgen_assume(value != 0 && value & ~md.all_workers == 0);\n"
+
+
+def prepare_program(chip: Chip, dest: Path) -> Path:
+    """A copy of ``p4/tna`` (and ``p4/include``) under ``dest`` with P4Testgen's assumptions in it; its main.p4.
+
+    The lines only constrain what P4Testgen may pick for the control plane's data and the registers'
+    initial values (``testgen_assume`` is P4Testgen's extern; bf-p4c never sees this copy). Each is
+    inserted at an anchor that must occur exactly once, so that a change to the program that moves
+    an anchor fails here instead of silently dropping an assumption.
+    """
+    root = dest / "p4"
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(P4_DIR / "tna", root / "tna")
+    shutil.copytree(P4_DIR / "include", root / "include")
+    recirc = chip.recirculation_port
+
+    def patch(name: str, anchor: str, text: str, count: int = 1) -> None:
+        path = root / "tna" / name
+        src = path.read_text()
+        if src.count(anchor) != count:
+            raise AssertionError(f"p4/tna/{name}: expected {count} of {anchor!r} to insert P4Testgen's assumptions")
+        path.write_text(src.replace(anchor, anchor + text))
+
+    patch("admission.p4", "        md.admitted = 1;\n", _ADMIT_ASSUMPTIONS)
+    parser = root / "tna" / "parser.p4"  # the first of the patched files main.p4 includes
+    parser.write_text(f"#include <testgen.p4>\n#define SA_TESTGEN_RECIRC_PORT {recirc}\n" + parser.read_text())
+    patch("parser.p4", "        pkt.extract(ig_intr_md);\n",
+          "        testgen_assume(ig_intr_md.ingress_port != SA_TESTGEN_RECIRC_PORT);  /* a host's port */\n")
+    for action, out in (("workers_add", "before"), ("workers_read", "held")):
+        head = f"(workers) {action} = {{\n        void apply(inout bit<32> value, out bit<32> {out}) {{\n"
+        patch("aggregation.p4", head, _WORKERS_ASSUMPTION)
+    return root / "tna" / "main.p4"
+
+
+def find_p4testgen() -> str | None:
+    found = shutil.which(P4TESTGEN)
+    if found:
+        return found
+    for d in TOOL_DIRS:
+        if (Path(d) / P4TESTGEN).is_file():
+            return str(Path(d) / P4TESTGEN)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """One run of P4Testgen: its PTF file, its log, the statement coverage it reported and its command."""
+
+    ptf: Path
+    log: Path
+    coverage: str  # "412/485 (84.9%)"
+    command: list[str]
+
+
+def generate(chip: Chip, out: Path, *, max_tests: int = 0, seed: int = 1, timeout: float = 300) -> Generated:
+    """Run P4Testgen on the assumption-carrying copy of the program for ``chip`` (all paths by default)."""
+    tool = find_p4testgen()
+    if tool is None:
+        raise FileNotFoundError("p4testgen was not found (PATH, /opt/tofino/bin)")
+    target, arch, n, ports = CHIPS[chip]
+    main = prepare_program(chip, out)
+    tests = out / "tests"
+    command = [tool, "--target", target, "--arch", arch, "--std", "p4-16", f"-D__TARGET_TOFINO__={n}",
+               "--max-tests", str(max_tests), "--seed", str(seed), "--out-dir", str(tests), "--test-backend", "PTF",
+               "--track-coverage", "STATEMENTS", "--port-ranges", ports, str(main)]
+    log = out / "p4testgen.log"
+    with log.open("w") as f:
+        proc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=out)
+    if proc.returncode != 0:
+        raise RuntimeError(f"p4testgen failed (rc {proc.returncode}), see {log}: {log.read_text()[-2000:]}")
+    covered = re.findall(r"Nodes covered: ([0-9.]+) \((\d+)/(\d+)\)", log.read_text())
+    coverage = f"{covered[-1][1]}/{covered[-1][2]} ({100 * float(covered[-1][0]):.1f}%)" if covered else "unknown"
+    (ptf,) = tests.glob("*.py")
+    return Generated(ptf, log, coverage, command)
+
+
+# ---- reading a PTF test ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Expected:
+    """A packet P4Testgen expects out: its port, bytes and mask (1 bits compared)."""
+
+    port: int
+    data: bytes
+    mask: bytearray
+
+
+@dataclasses.dataclass
+class PtfTest:
+    """One generated test, as data."""
+
+    name: str
+    trace: str
+    entries: list[tuple[str, dict[str, int], str, dict[str, int]]]  # table, key, action, action data
+    registers: dict[str, dict[int, int]]  # register name -> index -> initial value
+    port: int  # ingress port
+    packet: bytes
+    expected: list[Expected]  # none: dropped
+
+
+def _value(node: ast.AST, names: dict[str, object]) -> object:
+    if isinstance(node, ast.Name):
+        return names[node.id]
+    return ast.literal_eval(node)
+
+
+def _tuples(node: ast.AST) -> dict[str, int]:
+    """``[gc.KeyTuple('job', 0x9040), ...]`` as ``{'job': 0x9040}``."""
+    assert isinstance(node, ast.List)
+    out = {}
+    for call in node.elts:
+        assert isinstance(call, ast.Call) and call.func.attr in ("KeyTuple", "DataTuple"), ast.dump(call)
+        if len(call.args) != 2:
+            raise ValueError(f"an entry field that is not (name, value): {ast.unparse(call)}")
+        out[ast.literal_eval(call.args[0])] = ast.literal_eval(call.args[1])
+    return out
+
+
+def parse_ptf(path: Path) -> Iterator[PtfTest]:
+    """Every ``TestN`` class of a P4Testgen PTF file, read from its syntax tree."""
+    tree = ast.parse(path.read_text())
+    for cls in tree.body:
+        if not (isinstance(cls, ast.ClassDef) and re.fullmatch(r"Test\d+", cls.name)):
+            continue
+        methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
+        test = PtfTest(cls.name, ast.get_docstring(cls) or "", [], {}, -1, b"", [])
+        for stmt in methods["setupCtrlPlane"].body:
+            if not isinstance(stmt, ast.Expr):
+                continue
+            call = stmt.value
+            name = call.func.attr
+            if name == "insertTableEntry":
+                table, key, action, data = call.args
+                test.entries.append((ast.literal_eval(table), _tuples(key), ast.literal_eval(action), _tuples(data)))
+            elif name == "setRegisterValue":
+                reg, value, index = (ast.literal_eval(a) for a in call.args)
+                test.registers.setdefault(reg, {})[index] = value
+            else:
+                raise ValueError(f"{cls.name}: a control-plane call this harness does not know: {ast.unparse(call)}")
+        names: dict[str, object] = {}
+        for stmt in methods["sendPacket"].body:
+            if isinstance(stmt, ast.Assign):
+                names[stmt.targets[0].id] = _value(stmt.value, names)
+        test.port, test.packet = names["ig_port"], names["pkt"]
+        names = {}
+        current: Expected | None = None
+        for stmt in methods["verifyPackets"].body:
+            if isinstance(stmt, ast.Assign):
+                target = stmt.targets[0].id
+                if isinstance(stmt.value, ast.Call) and stmt.value.func.id == "Mask":
+                    data = names[target]
+                    current = Expected(-1, data, bytearray(b"\xff" * len(data)))
+                else:
+                    names[target] = _value(stmt.value, names)
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+                call = stmt.value
+                fname = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
+                if fname == "set_do_not_care":
+                    offset, width = (ast.literal_eval(a) for a in call.args)
+                    for bit in range(offset, offset + width):
+                        current.mask[bit // 8] &= ~(0x80 >> bit % 8)
+                elif fname == "verify_packet":
+                    current.port = names[call.args[2].id]
+                    test.expected.append(current)
+                    current = None
+                else:
+                    raise ValueError(f"{cls.name}: a verification this harness does not know: {ast.unparse(call)}")
+            elif not isinstance(stmt, ast.Pass):  # a drop's test verifies nothing
+                raise ValueError(f"{cls.name}: a statement this harness does not know: {ast.unparse(stmt)}")
+        yield test
+
+
+# ---- reading its trace -----------------------------------------------------------------------------
+
+_EMIT = re.compile(r"^\[Emit\]: \{\$headerValid:true;;(.*)\}$")
+_FIELD = re.compile(r"(\w+):([^;]+);")
+_COMPUTED = re.compile(r"Computed: md\.(\w+) = (\S+);$")
+
+
+def _sections(trace: str) -> tuple[list[str], list[str]]:
+    """The trace's ingress lines (parser and control) and its ingress deparser's lines."""
+    lines = [line.strip() for line in trace.splitlines()]
+    start = next(i for i, line in enumerate(lines) if "[Control SaIngressDeparser start]" in line)
+    end = next(i for i, line in enumerate(lines) if 'copy_out("SaIngressDeparser")' in line)
+    return lines[:start], lines[start:end]
+
+
+def ingress_emits(trace: str) -> list[dict[str, int | None]]:
+    """The headers the ingress deparser emitted, in order, as P4Testgen computed them (None: taint)."""
+    out = []
+    for line in _sections(trace)[1]:
+        m = _EMIT.match(line)
+        if m:
+            out.append({k: (None if v.strip() in ("Taint", '"Taint"') else int(v, 0))
+                        for k, v in _FIELD.findall(m.group(1))})
+    return out
+
+
+def counted(trace: str) -> list[tuple[str, int, int]] | None:
+    """The counters the ingress pipeline bumped: ``("global", 0, drop)`` or ``("job", job_index, event)``.
+
+    Counters are no-ops in P4Testgen's model; the trace still says which ``count`` ran, with the
+    metadata it indexes by as computed. None if an index is symbolic (not computed).
+    """
+    md: dict[str, str] = {}
+    out: list[tuple[str, int, int]] = []
+    for line in _sections(trace)[0]:
+        m = _COMPUTED.search(line)
+        if m:
+            md[m.group(1)] = m.group(2)
+        try:
+            if "global_drops.count(" in line:
+                out.append(("global", 0, int(md["global_drop"], 0)))
+            elif "job_counters.count(" in line:
+                out.append(("job", int(md["job_index"], 0), int(md["job_event"], 0)))
+        except (KeyError, ValueError):
+            return None
+    return out
+
+
+# ---- translation into a job and copy state ---------------------------------------------------------
+
+ADMISSION = "SaIngress.admission.admission"
+REGISTERS = ("SaIngress.first_half.tag_generation", "SaIngress.first_half.tag_chunk", "SaIngress.first_half.workers")
+VALUES = re.compile(r"SaIngress\.values\.values_(\d\d)$")
+
+
+class Unmappable(Exception):
+    """A test whose entries or registers no legal job and state gives: classified with this reason."""
+
+
+@dataclasses.dataclass
+class Setup:
+    """A test's control plane and registers as the model holds them."""
+
+    model: SwitchModel
+    job: JobEntry | None
+    job_index: int | None
+    worker_bits: tuple[int, int, int] | None  # worker_bit, other_workers, all_workers
+    recirc_port: int | None
+
+
+def _placeholder(rank: int) -> tuple[str, int]:
+    """An address for a rank the test sends nothing from (its admission entry is not in the test)."""
+    return (f"198.51.100.{rank + 1}", 50000 + rank)  # TEST-NET-2: never a P4Testgen source
+
+
+def translate(test: PtfTest, chip: Chip) -> Setup:
+    """The job the admission entry belongs to and the copy state its registers hold, in a fresh model.
+
+    Raises :class:`Unmappable` with the reason where no legal job or reachable state gives them.
+    """
+    model = SwitchModel(num_slots=NUM_SLOTS)
+    entries = [e for e in test.entries if e[0] == ADMISSION]
+    others = [e[0] for e in test.entries if e[0] != ADMISSION]
+    if others:
+        raise Unmappable(f"entries in {sorted(set(others))}, which this harness does not translate")
+    if len(entries) > 1:
+        raise Unmappable("more than one admission entry")
+    if test.port == chip.recirculation_port:
+        raise Unmappable("sent in on the recirculation port, which the control plane puts in recirculation_ports")
+    setup = Setup(model, None, None, None, None)
+    if entries:
+        _, key, action, data = entries[0]
+        if action != "SaIngress.admission.admit":
+            raise Unmappable(f"admission action {action}")
+        rank, all_workers, bit = key["worker"], data["all_workers"], data["worker_bit"]
+        n = all_workers.bit_length()
+        if all_workers == 0 or all_workers != (1 << n) - 1 or rank >= n or bit != 1 << rank:
+            raise Unmappable(f"worker {rank} with worker_bit {bit:#x} and all_workers {all_workers:#x}: no job's rank")
+        if data["other_workers"] != all_workers & ~bit:
+            raise Unmappable(f"other_workers {data['other_workers']:#x} is not all_workers without the worker's bit")
+        if not 0 < data["slot_count"] <= NUM_SLOTS - data["slot_base"]:
+            raise Unmappable(f"slots {data['slot_base']}+{data['slot_count']} outside the pool of {NUM_SLOTS}")
+        if data["job_index"] >= MAX_JOBS:
+            raise Unmappable(f"job index {data['job_index']} >= {MAX_JOBS}")
+        if data["recirc_port"] != chip.recirculation_port:
+            raise Unmappable(f"recirc_port {data['recirc_port']}, not pipe 0's ({chip.recirculation_port})")
+        workers = [_placeholder(r) for r in range(n)]
+        workers[rank] = (str(ipaddress.IPv4Address(key["src_addr"])), key["src_port"])
+        job = JobEntry(key["job"], data["generation"], key["key"], data["slot_base"], data["slot_count"],
+                       P4_VALUES_PER_PACKET, tuple(workers))
+        model.add_job(job)
+        setup = Setup(model, job, data["job_index"], (bit, data["other_workers"], all_workers), data["recirc_port"])
+    _set_registers(test, setup)
+    return setup
+
+
+def _set_registers(test: PtfTest, setup: Setup) -> None:
+    """The copies' state from the first half's registers (and the values), where the test gives them.
+
+    A register P4Testgen gives no value for is one the path never reads; it is filled in so that the
+    copy's state is one packets can leave (a run's generation in the tag means a worker counted). So is a
+    worker bitmap of 0 under a run's generation: the assumptions make every bitmap a path reads non-empty,
+    so P4Testgen gives 0 only where the path writes the bitmap without reading it (a fresh chunk).
+    """
+    model = setup.model
+    unknown = sorted(set(test.registers) - set(REGISTERS) - {r for r in test.registers if VALUES.match(r)})
+    if unknown:
+        raise Unmappable(f"initial values of {unknown}, which the model has no state for")
+    gens, chunks, bitmaps = (test.registers.get(r, {}) for r in REGISTERS)
+    for i in sorted(set(gens) | set(chunks) | set(bitmaps)):
+        if i >= 2 * NUM_SLOTS:
+            raise Unmappable(f"register index {i} outside the pool")
+        gen, chunk = gens.get(i, 0), chunks.get(i, 0)
+        bitmap = bitmaps.get(i, 0) or (1 if gen else 0)
+        if gen == 0 and (chunk or bitmap):
+            raise Unmappable(f"copy {i}: generation 0 with chunk {chunk:#x}, workers {bitmap:#x} (never written)")
+        if setup.worker_bits and bitmap & ~setup.worker_bits[2]:
+            raise Unmappable(f"copy {i}: workers {bitmap:#x}, not the job's")
+        model.tag[i], model.bitmap[i], model.count[i] = gen << 32 | chunk, bitmap, bitmap.bit_count()
+    for reg, cells in test.registers.items():
+        m = VALUES.match(reg)
+        if m is None:
+            continue
+        j = int(m.group(1))
+        for index, value in cells.items():
+            i, half = index >> 1, index & 1
+            if model.values[i] is None:
+                model.values[i] = np.zeros(P4_VALUES_PER_PACKET, dtype=">i4")
+            model.values[i][HALF * half + j] = np.int64(value).astype(np.uint32).astype(np.int32)
+
+
+# ---- what the Tofino program must do, from the model ---------------------------------------------
+
+@dataclasses.dataclass
+class Expectation:
+    """What ``p4/tna`` must do with a packet: its output (port, bytes; none for a drop), the headers its
+    ingress deparser emits, its counters; and the documented difference applied, if any."""
+
+    out: list[tuple[int, bytes]]
+    emits: list[dict[str, int]]
+    counters: list[tuple[str, int, int]]
+    difference: str | None = None
+
+
+def _deltas(model: SwitchModel, before: tuple[list[int], dict[int, list[int]]]) -> list[tuple[str, int]]:
+    global_before, jobs_before = before
+    out = [("global", d) for d in GlobalDrop for _ in range(model.global_counters[d] - global_before[d])]
+    for job_id, counts in model.job_counters.items():
+        out += [(f"job{job_id}", e) for e in JobCounter for _ in range(counts[e] - jobs_before[job_id][e])]
+    return out
+
+
+def _header_fields(h: bytes) -> dict[str, int]:
+    names = ("version", "type", "flags", "worker", "job", "slot", "chunk", "generation", "key", "exponent", "owner",
+             "count")
+    values = struct.unpack(">BBBBHHIIIbBH", h[:HEADER_SIZE])
+    return {n: v & 0xFF if n == "exponent" else v for n, v in zip(names, values, strict=True)}
+
+
+def _frame_emits(frame: bytes, recirc: bytes | None, values: bool) -> list[dict[str, int]]:
+    """The ingress deparser's headers for ``frame`` (Ethernet .. switchagg, and the values when parsed)."""
+    eth = {"dst_addr": int.from_bytes(frame[0:6], "big"), "src_addr": int.from_bytes(frame[6:12], "big"),
+           "ether_type": int.from_bytes(frame[12:14], "big")}
+    ip = frame[14:34]
+    ipv4 = {"version": ip[0] >> 4, "ihl": ip[0] & 15, "diffserv": ip[1], "total_len": int.from_bytes(ip[2:4], "big"),
+            "identification": int.from_bytes(ip[4:6], "big"), "flags": ip[6] >> 5,
+            "frag_offset": int.from_bytes(ip[6:8], "big") & 0x1FFF, "ttl": ip[8], "protocol": ip[9],
+            "hdr_checksum": int.from_bytes(ip[10:12], "big"), "src_addr": int.from_bytes(ip[12:16], "big"),
+            "dst_addr": int.from_bytes(ip[16:20], "big")}
+    udp = dict(zip(("src_port", "dst_port", "length", "checksum"), struct.unpack(">HHHH", frame[34:42]), strict=True))
+    out = []
+    if recirc is not None:
+        out.append(dict(zip(("cell", "job_index", "ingress_port", "worker_bit", "other_workers", "all_workers"),
+                            struct.unpack(">HHHIII", recirc), strict=True)))
+    out += [eth, ipv4, udp, _header_fields(frame[ETH_IP_UDP_SIZE:])]
+    if values:
+        start = ETH_IP_UDP_SIZE + HEADER_SIZE
+        for half in range(2):
+            vals = struct.unpack(f">{HALF}I", frame[start + 4 * HALF * half:start + 4 * HALF * (half + 1)])
+            out.append({f"v{j:02d}": v for j, v in enumerate(vals)})
+    return out
+
+
+def _reply(frame: bytes, header: bytes) -> bytes:
+    """The Tofino program's reply_to: addresses swapped, UDP from the switchagg port without checksum, the
+    IPv4 checksum worked out afresh, the header replaced, everything after it kept."""
+    f = bytearray(frame)
+    f[0:6], f[6:12] = frame[6:12], frame[0:6]
+    f[26:30], f[30:34] = frame[30:34], frame[26:30]
+    f[34:36], f[36:38], f[40:42] = UDP_PORT.to_bytes(2, "big"), frame[34:36], b"\0\0"
+    f[24:26] = b"\0\0"
+    f[24:26] = ipv4_checksum(bytes(f[14:34])).to_bytes(2, "big")
+    f[ETH_IP_UDP_SIZE:ETH_IP_UDP_SIZE + HEADER_SIZE] = header
+    return bytes(f)
+
+
+def _owner_marked(frame: bytes) -> bool:
+    """A switchagg header of version 1 with FLAG_OWNER or an owner: a reduce-scatter's, which p4/tna does
+    not take (docs/tofino.md, "No reduce-scatter yet")."""
+    h = frame[ETH_IP_UDP_SIZE:ETH_IP_UDP_SIZE + HEADER_SIZE]
+    return len(h) == HEADER_SIZE and h[0] == VERSION and bool(h[2] & FLAG_OWNER or h[21])
+
+
+def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
+    """What ``p4/tna`` does with ``frame`` from ``port``, worked out from :meth:`SwitchModel.process_frame`.
+
+    The model handles a datagram whole; the Tofino program's first pass, which is what P4Testgen
+    reaches, ends a contribution that passed the tag by recirculating it (hdr.recirc in front, the
+    first half of the values as the model's copy now holds them) and counts ``contributions`` there
+    for a fresh chunk or a new worker; results and repeats are the second pass's. Where
+    ``docs/tofino.md`` documents a difference (reduce-scatter's owner; a frame shorter than its
+    datagram, of a length the parser does not read to its end), the documented behaviour is expected
+    and the difference named.
+    """
+    model, job = setup.model, setup.job
+    difference = None
+    datagram = _datagram(frame)
+    if datagram is not None and _owner_marked(frame) and _lengths_right(frame):
+        difference = "reduce-scatter (FLAG_OWNER or an owner): malformed on Tofino"
+        return Expectation([], [], [("global", 0, GlobalDrop.MALFORMED)], difference)
+    if datagram is not None and len(frame) < 14 + datagram[0] and not _parsed_to_its_end(frame, datagram[1]):
+        difference = "a frame shorter than its datagram, which the parser does not read to its end"
+        frame = frame + bytes(14 + datagram[0] - len(frame))
+    before = (list(model.global_counters), {j: list(c) for j, c in model.job_counters.items()})
+    i = None
+    if job is not None and len(frame) >= ETH_IP_UDP_SIZE + HEADER_SIZE:
+        h = _header_fields(frame[ETH_IP_UDP_SIZE:])
+        i = 2 * (job.slot_base + h["slot"]) + (h["flags"] & 1)
+    emits = model.process_frame(frame)
+    deltas = _deltas(model, before)
+    index = setup.job_index
+    counters = [("global", 0, int(e)) if kind == "global" else ("job", index, int(e)) for kind, e in deltas]
+    events = {e for kind, e in deltas if kind != "global"}
+    bridge = {"kind": BRIDGE_NONE, "ingress_port": port}
+    if events & {JobCounter.CONTRIBUTIONS, JobCounter.RESULTS_MULTICAST, JobCounter.RESULTS_UNICAST,
+                 JobCounter.DUPLICATE_PENDING}:
+        # A contribution that reached the values: the first pass sends it round with its first half done
+        h = _header_fields(frame[ETH_IP_UDP_SIZE:])
+        bit, other, all_workers = setup.worker_bits
+        recirc = struct.pack(">HHHIII", job.slot_base + h["slot"], index, port, bit, other, all_workers)
+        start = ETH_IP_UDP_SIZE + HEADER_SIZE
+        first = model.values[i][:HALF].astype(">i4").tobytes()
+        out = recirc + frame[:start] + first + frame[start + 4 * HALF:]
+        counted = [c for c in counters if c[2] == JobCounter.CONTRIBUTIONS]
+        return Expectation([(setup.recirc_port, out)], [bridge, *_frame_emits(out[RECIRC_SIZE:], recirc, True)],
+                           counted, difference)
+    if emits:
+        (emit,) = emits  # a probe's reply or a query's PENDING: back to the sender alone
+        src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+        assert emit.dst == src, f"the model answered {emit.dst}, not the sender {src}"
+        out = _reply(frame, emit.payload()[:HEADER_SIZE])
+        return Expectation([(port, out)], [bridge, *_frame_emits(out, None, False)], counters, difference)
+    return Expectation([], [], counters, difference)
+
+
+def _datagram(frame: bytes) -> tuple[int, int] | None:
+    """(IPv4 length, UDP length) of a switchagg datagram the parser takes (IPv4 of 20 bytes, UDP, unfragmented,
+    to the switchagg port), or None."""
+    if len(frame) < ETH_IP_UDP_SIZE or frame[12:14] != b"\x08\x00" or frame[14] & 15 != 5 or frame[23] != 17:
+        return None
+    if int.from_bytes(frame[20:22], "big") & 0x3FFF or int.from_bytes(frame[36:38], "big") != UDP_PORT:
+        return None
+    return int.from_bytes(frame[16:18], "big"), int.from_bytes(frame[38:40], "big")
+
+
+def _parsed_to_its_end(frame: bytes, udp_len: int) -> bool:
+    """Whether the parser reads a datagram to its last byte (so a frame cut short of it is malformed, as in the
+    model): one of a header's length, or a contribution's whose header the parser takes as well formed."""
+    h = frame[ETH_IP_UDP_SIZE:ETH_IP_UDP_SIZE + HEADER_SIZE]
+    if udp_len == 8 + HEADER_SIZE or len(h) < HEADER_SIZE:
+        return True
+    return udp_len == 8 + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET and h[0] == VERSION and h[1] == PacketType.CONTRIB \
+        and not h[2] & ~1 and h[3] < 32 and h[21] == 0 and h[22:24] == P4_VALUES_PER_PACKET.to_bytes(2, "big")
+
+
+def _lengths_right(frame: bytes) -> bool:
+    """The lengths validation checks before the header's fields: IPv4 = UDP + 20, UDP = 32 + 4 * count."""
+    ip_len, udp_len = _datagram(frame)
+    count = int.from_bytes(frame[ETH_IP_UDP_SIZE + 22:ETH_IP_UDP_SIZE + 24], "big")
+    return ip_len == udp_len + 20 and udp_len == 8 + HEADER_SIZE + 4 * count and count < 0x4000
+
+
+# ---- comparing -------------------------------------------------------------------------------------
+
+def p4testgen_view(out: bytes) -> bytes:
+    """A packet as P4Testgen's egress expects it: its first byte gone.
+
+    P4Testgen takes the ``@flexible`` bridge header (8 + 9 bits) at its declared 17 bits, where bf-p4c
+    pads it to whole bytes; its egress then leaves the packet a byte short (and the first byte left
+    garbled). docs/tofino.md records it with the smallest program that shows it.
+    """
+    return out[1:]
+
+
+_EGRESS_PORT = re.compile(r"\*eg_intr_md\.egress_port = (\d+);")
+_EGRESS_BRIDGE = re.compile(r"hdr\.bridge\.kind = (0x[0-9A-F]+) \| hdr\.bridge\.ingress_port = (0x[0-9A-F]+)")
+
+
+@dataclasses.dataclass
+class Ingress:
+    """What P4Testgen's ingress did: dropped, or sent to a port; and whether its egress left the packet
+    as ingress sent it (see :func:`p4testgen_view`)."""
+
+    dropped: bool
+    port: int | None
+    egress_passes: bool
+
+
+def ingress_outcome(trace: str) -> Ingress:
+    """P4Testgen's ingress outcome, and what its egress made of the bridge header.
+
+    Its egress reads the bridge kind from the wrong bits (the last two of the ingress port and the first
+    six of the Ethernet destination, the 17-bit ``@flexible`` header misplaced): where those read as
+    RESULT or FLOOD, egress rewrites or drops a packet whose kind ingress set to NONE.
+    """
+    lines = [line.strip() for line in trace.splitlines()]
+    check = next(i for i, line in enumerate(lines) if "*.check_tofino_drop()" in line)
+    dropped = check + 1 < len(lines) and "*.tofino_drop()" in lines[check + 1]
+    port = _EGRESS_PORT.search(trace)
+    read = _EGRESS_BRIDGE.search("\n".join(lines[check:]))
+    passes = read is not None and int(read.group(1), 16) not in (BRIDGE_FLOOD, BRIDGE_RESULT)
+    return Ingress(dropped, None if dropped or port is None else int(port.group(1)), passes)
+
+
+EGRESS_MISREAD = "P4Testgen's egress read the bridge as a replica's or a flood's: its output packet not compared"
+
+
+def compare(test: PtfTest, expect: Expectation) -> tuple[list[str], str | None]:
+    """Every way P4Testgen's expectation and the Tofino program's, from the model, differ (empty: agree),
+    and why the packet out was not compared where it was not.
+
+    The ingress pipeline's outcome (drop, or the port and every header field its deparser emits) and
+    its counters come from the trace; the packet out, from the test's expectation, only where
+    P4Testgen's egress read the bridge header that ingress wrote (else it may take a reply for a
+    multicast replica and drop it: docs/tofino.md).
+    """
+    problems = []
+    ingress = ingress_outcome(test.trace)
+    want = [p for p, _ in expect.out]
+    got = [] if ingress.dropped else [ingress.port]
+    if got != want:
+        problems.append(f"ingress sends to {got or 'nothing'}, model {want or 'nothing'}")
+    elif expect.out:
+        emitted = ingress_emits(test.trace)
+        if len(emitted) != len(expect.emits):
+            problems.append(f"headers emitted: P4Testgen {len(emitted)}, model {len(expect.emits)}")
+        for k, (mine, theirs) in enumerate(zip(expect.emits, emitted, strict=False)):
+            if sorted(mine) != sorted(theirs):
+                problems.append(f"header {k}: P4Testgen's fields {sorted(theirs)}, model's {sorted(mine)}")
+                continue
+            for name, v in theirs.items():
+                if v is None or name == "hdr_checksum":  # P4Testgen's checksum is taint
+                    continue
+                if mine[name] != v:
+                    problems.append(f"header {k} field {name}: P4Testgen {v:#x}, model {mine[name]:#x}")
+    counters = counted(test.trace)
+    if counters is None:
+        problems.append("a counter index P4Testgen left symbolic")
+    elif sorted(counters) != sorted(expect.counters):
+        problems.append(f"counters: P4Testgen {counters}, model {expect.counters}")
+    if not expect.out:
+        if test.expected:
+            problems.append(f"P4Testgen expects packets out of {[e.port for e in test.expected]}, model none")
+        return problems, None
+    if not ingress.egress_passes:
+        return problems, EGRESS_MISREAD
+    if [e.port for e in test.expected] != want:
+        problems.append(f"packets out of {[e.port for e in test.expected]}, model {want}")
+        return problems, None
+    for e, (_, data) in zip(test.expected, expect.out, strict=True):
+        view = p4testgen_view(data)
+        if len(e.data) != len(view):
+            problems.append(f"length: P4Testgen {len(e.data)}, model {len(view)} (less its first byte)")
+            continue
+        bad = [k for k in range(1, len(view)) if (e.data[k] ^ view[k]) & e.mask[k]]
+        if bad:
+            problems.append(f"bytes {bad[:8]}: P4Testgen {e.data[bad[0]]:#04x}, model {view[bad[0]]:#04x}")
+    return problems, None
+
+
+@dataclasses.dataclass
+class Report:
+    """One chip's run: tests compared, classified out (with reasons), disagreements."""
+
+    chip: Chip
+    generated: Generated
+    total: int = 0
+    compared: list[str] = dataclasses.field(default_factory=list)
+    outputs: int = 0  # compared tests whose packet out was compared byte for byte
+    differences: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # compared with this said
+    unmappable: dict[str, str] = dataclasses.field(default_factory=dict)
+    disagreements: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> str:
+        reasons: dict[str, int] = {}
+        for r in self.unmappable.values():
+            reasons[r.split(":")[0]] = reasons.get(r.split(":")[0], 0) + 1
+        notes = {k: len(v) for k, v in self.differences.items()}
+        return (f"{self.chip.value[0]}: {self.total} tests, {len(self.compared)} compared ({self.outputs} with their "
+                f"packet out byte for byte; {notes}), "
+                f"{len(self.unmappable)} classified out {reasons}, {len(self.disagreements)} disagree; "
+                f"statement coverage {self.generated.coverage}")
+
+
+def run(chip: Chip, generated: Generated) -> Report:
+    """Translate, expect and compare every test of one P4Testgen run."""
+    report = Report(chip, generated)
+    for test in parse_ptf(generated.ptf):
+        report.total += 1
+        try:
+            setup = translate(test, chip)
+        except Unmappable as exc:
+            report.unmappable[test.name] = str(exc)
+            continue
+        expect = tofino_expectation(setup, test.packet, test.port)
+        problems, partial = compare(test, expect)
+        if problems:
+            report.disagreements[test.name] = problems
+            continue
+        report.compared.append(test.name)
+        report.outputs += bool(expect.out) and partial is None
+        for note in (expect.difference, partial):
+            if note:
+                report.differences.setdefault(note, []).append(test.name)
+    return report

@@ -1,0 +1,77 @@
+"""P4Testgen's tests of p4/tna, both chips, against SwitchModel (tests/p4testgen_ptf.py says how).
+
+Needs p4testgen built with its Tofino target (README, "Tofino"); skips with the reason elsewhere, and
+scripts/test requires it (SWITCHAGG_REQUIRE_P4TESTGEN=1) where it finds it. Every path P4Testgen finds
+(a fixed seed, all of them: about 30 s a chip here) is compared or classified out with its reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from switchagg.targets.tofino_build import Chip
+
+from . import p4testgen_ptf as tg
+from .conftest import need
+
+# What a run must compare at the least (seed 1 gives 165 tests on each chip, all compared, 40 of them with
+# their packet out byte for byte): a floor well under that, so that the test cannot pass by comparing nothing.
+MIN_COMPARED = 120
+MIN_OUTPUTS = 25
+
+
+@pytest.fixture(scope="session", params=[Chip.TOFINO, Chip.TOFINO2], ids=lambda c: c.value[0])
+def report(request, tmp_path_factory) -> tg.Report:
+    """One chip's P4Testgen run, translated and compared (generated tests are build output, in a tmp dir)."""
+    if tg.find_p4testgen() is None:
+        need("p4testgen", "p4testgen (P4Testgen with its Tofino target) was not found on PATH or in /opt/tofino/bin: "
+                          "build it as the README's Tofino section says")
+    chip = request.param
+    generated = tg.generate(chip, tmp_path_factory.mktemp(f"p4testgen-{chip.value[0]}"))
+    result = tg.run(chip, generated)
+    print(result.summary())
+    return result
+
+
+def test_p4testgen_and_the_model_agree_on_every_path(report):
+    assert report.disagreements == {}, "\n".join(f"{t}: {p}" for t, p in report.disagreements.items())
+    assert report.unmappable == {}, report.unmappable  # the assumptions keep every entry and state legal
+    assert len(report.compared) >= MIN_COMPARED and report.outputs >= MIN_OUTPUTS, report.summary()
+
+
+def test_the_paths_cover_the_first_pass(report):
+    """Which outcomes were reached: every kind the first pass has but the forwarding path (docs/tofino.md)."""
+    seen = set()
+    for test in tg.parse_ptf(report.generated.ptf):
+        counters = tg.counted(test.trace) or []
+        seen |= {(kind, event) for kind, _, event in counters}
+    assert {("global", d) for d in (0, 1, 2)} <= seen  # malformed, bad_version, not_admitted
+    assert {("job", e) for e in (0, 3, 4, 5, 6, 7, 9)} <= seen  # contributions, probes, wrong generation, slot,
+    # bad count, stale, queries
+
+
+def test_a_wrong_expectation_is_caught(report):
+    """The comparison is not vacuous: a model that got one header field, a counter or a byte of the values
+    wrong disagrees with P4Testgen."""
+    tests = {t.name: t for t in tg.parse_ptf(report.generated.ptf)}
+    caught = {"field": 0, "counter": 0, "payload": 0}
+    for name in report.compared:
+        test = tests[name]
+        setup = tg.translate(test, report.chip)
+        expect = tg.tofino_expectation(setup, test.packet, test.port)
+        if expect.out:
+            emits = [dict(h) for h in expect.emits]
+            emits[-1 if "v31" not in emits[-1] else -3]["version"] ^= 0x80  # the switchagg header's version
+            problems, _ = tg.compare(test, dataclasses.replace(expect, emits=emits))
+            caught["field"] += bool(problems)
+            port, data = expect.out[0]
+            broken = [(port, data[:-1] + bytes([data[-1] ^ 1]))]
+            problems, _ = tg.compare(test, dataclasses.replace(expect, out=broken))
+            caught["payload"] += bool(problems)
+        if expect.counters:
+            problems, _ = tg.compare(test, dataclasses.replace(expect, counters=expect.counters[1:]))
+            caught["counter"] += bool(problems)
+    assert caught["field"] >= MIN_OUTPUTS and caught["counter"] >= MIN_COMPARED // 2, caught
+    assert caught["payload"] >= MIN_OUTPUTS, caught
