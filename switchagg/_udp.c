@@ -11,8 +11,8 @@
  *
  * send() groups the packets of a batch by destination (stable: each destination's packets leave in
  * the order given) into runs of equal-sized packets (a packet is one part, or two: a header and a body
- * that several packets may share, as the embedded switch's multicast sends one copy of a sum to every
- * worker, each part an iovec) (the last of a run may be shorter, as the kernel
+ * that several packets may share, as the embedded switch's multicast of a large sum sends one copy to
+ * every worker; each part an iovec, an empty body none) (the last of a run may be shorter, as the kernel
  * allows) and sends each run as one message; a kernel that refuses segmentation for this socket
  * (EIO from a device without checksum offload, EINVAL, ...) gets the rest of the batch as plain
  * datagrams and the caller is told, so it stops asking. recv() splits each message by the segment
@@ -67,9 +67,9 @@ typedef struct {
     const unsigned char *buf, *names;  /* names: n sockaddr_in, or NULL on a connected socket */
     const uint32_t *offsets, *lengths;
     const uint32_t *body_offsets, *body_lengths;  /* each packet's second part, or NULL: one part a packet */
-    int parts;                          /* iovecs a packet: 1, or 2 with bodies */
     Py_ssize_t *order;                  /* the packets grouped by destination */
-    struct iovec *iov;                  /* iov[parts * k ..] is packet order[k] */
+    struct iovec *iov;                  /* iov[iov_at[k]..iov_at[k + 1]) is packet order[k]: 1 or 2 parts */
+    Py_ssize_t *iov_at;
     struct mmsghdr *msgs;
     SegmentCmsg *cmsgs;
     Py_ssize_t *first;                  /* msgs[m] carries packets order[first[m]..first[m + 1]) */
@@ -141,8 +141,8 @@ static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_seg
         }
         struct msghdr *h = &b->msgs[m].msg_hdr;
         memset(h, 0, sizeof(*h));
-        h->msg_iov = &b->iov[b->parts * k];  /* a message's packets' parts, one after another: GSO cuts by size */
-        h->msg_iovlen = (size_t)(b->parts * (end - k));
+        h->msg_iov = &b->iov[b->iov_at[k]];  /* a message's packets' parts, one after another: GSO cuts by size */
+        h->msg_iovlen = (size_t)(b->iov_at[end] - b->iov_at[k]);
         if (b->names != NULL) {
             h->msg_name = (void *)(b->names + p * NAME);
             h->msg_namelen = NAME;
@@ -185,13 +185,15 @@ static PyObject *os_error(int err) {
 
 PyDoc_STRVAR(send_doc,
 "send(fd, buf, offsets, lengths, names, n, max_segments, body_offsets=None, body_lengths=None)\n"
-"    -> (sent, refused, calls, gso_errno)\n\n"
+"    -> (sent, refused, calls, gso_errno, nbytes)\n\n"
 "Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), followed,\n"
 "where body arrays are given, by body_lengths[i] bytes at buf[body_offsets[i]:] (a body several\n"
-"packets may share: the kernel reads each packet's two parts as iovecs), to the sockaddr_in in row i\n"
+"packets may share: the kernel reads each part as an iovec, a packet's two parts in turn; a packet\n"
+"with an empty body is one), to the sockaddr_in in row i\n"
 "of names (a uint8 array, 16 bytes a row), or to the connected peer when names is None. With max_segments > 1 the packets go out grouped by destination, each run of equal-sized\n"
 "packets as one segmented message. What the kernel refuses is counted in refused, not raised; if it\n"
-"refuses segmentation, the rest goes out plainly and gso_errno says why (else 0).");
+"refuses segmentation, the rest goes out plainly and gso_errno says why (else 0). nbytes: the n packets'\n"
+"bytes, parts together (refused ones too).");
 
 static PyObject *udp_send(PyObject *self, PyObject *args) {
     int fd;
@@ -228,7 +230,6 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     b.names = names_obj == Py_None ? NULL : names.buf;
     b.body_offsets = body_off_obj == Py_None ? NULL : body_off.buf;
     b.body_lengths = body_off_obj == Py_None ? NULL : body_len.buf;
-    b.parts = body_off_obj == Py_None ? 1 : 2;
     for (Py_ssize_t i = 0; i < n; i++)
         if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len
                 || (b.body_offsets && (size_t)b.body_offsets[i] + b.body_lengths[i] > (size_t)buf.len)) {
@@ -238,28 +239,33 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
             goto done;
         }
     b.order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    b.iov = malloc(sizeof(struct iovec) * (size_t)b.parts * (size_t)(n + 1));
+    b.iov = malloc(sizeof(struct iovec) * 2 * (size_t)(n + 1));
+    b.iov_at = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
     b.msgs = malloc(sizeof(struct mmsghdr) * (size_t)(n + 1));
     b.cmsgs = malloc(sizeof(SegmentCmsg) * (size_t)(n + 1));
     b.first = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    if (!b.order || !b.iov || !b.msgs || !b.cmsgs || !b.first) {
+    if (!b.order || !b.iov || !b.iov_at || !b.msgs || !b.cmsgs || !b.first) {
         PyErr_NoMemory();
         goto done;
     }
-    long long sent = 0, refused = 0, calls = 0;
+    long long sent = 0, refused = 0, calls = 0, nbytes = 0;
     int gso_errno = 0, fatal = 0;
     Py_BEGIN_ALLOW_THREADS
     group(&b);
+    Py_ssize_t parts = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t p = b.order[k];
-        struct iovec *io = &b.iov[b.parts * k];
-        io[0].iov_base = (void *)(b.buf + b.offsets[p]);
-        io[0].iov_len = b.lengths[p];
-        if (b.parts == 2) {
-            io[1].iov_base = (void *)(b.buf + b.body_offsets[p]);
-            io[1].iov_len = b.body_lengths[p];
+        b.iov_at[k] = parts;
+        b.iov[parts].iov_base = (void *)(b.buf + b.offsets[p]);
+        b.iov[parts++].iov_len = b.lengths[p];
+        if (b.body_lengths && b.body_lengths[p]) {
+            b.iov[parts].iov_base = (void *)(b.buf + b.body_offsets[p]);
+            b.iov[parts++].iov_len = b.body_lengths[p];
         }
     }
+    b.iov_at[n] = parts;
+    for (Py_ssize_t p = 0; p < n; p++)
+        nbytes += (long long)packet_size(&b, p);
     Py_ssize_t count = lay_out(&b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
     while (m < count) {
         calls++;
@@ -286,13 +292,14 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    result = fatal ? os_error(fatal) : Py_BuildValue("LLLi", sent, refused, calls, gso_errno);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LLLiL", sent, refused, calls, gso_errno, nbytes);
 done:
     free(b.order);
     free(b.iov);
     free(b.msgs);
     free(b.cmsgs);
     free(b.first);
+    free(b.iov_at);
     release_batch(v);
     PyBuffer_Release(&body_off);
     PyBuffer_Release(&body_len);

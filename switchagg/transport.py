@@ -140,7 +140,8 @@ class UdpSocket:
         self.out_lengths = np.zeros(batch, dtype=np.uint32)
         self.out_names = np.zeros((batch, NAME_SIZE), dtype=np.uint8)
         # ... followed by out_body_lengths[i] bytes at out_buf[out_body_offsets[i]:] with send_packets(bodies=True):
-        # a body several packets share (the embedded switch's multicast: one copy of a sum, a header per worker).
+        # a body several packets share (the embedded switch's multicast of a large sum: one copy, a header per
+        # worker), or none (length 0).
         self.out_body_offsets = np.zeros(batch, dtype=np.uint32)
         self.out_body_lengths = np.zeros(batch, dtype=np.uint32)
         rows = len(self.out_buf) // max_datagram
@@ -227,13 +228,13 @@ class UdpSocket:
             return self._send_plain(n, bodies)
         names = None if self.peer is not None else self.out_names
         body = (self.out_body_offsets, self.out_body_lengths) if bodies else ()
-        sent, refused, calls, gso_errno = _udp.send(self._fd, self.out_buf, self.out_offsets, self.out_lengths,
-                                                    names, n, self.segments, *body)
+        sent, refused, calls, gso_errno, nbytes = _udp.send(self._fd, self.out_buf, self.out_offsets,
+                                                            self.out_lengths, names, n, self.segments, *body)
         if gso_errno:  # the kernel will not segment for this socket: stop asking
             self.gso, self.segments = False, 1
             self._gso_refused = errno.errorcode.get(gso_errno, str(gso_errno))
         self.stats.sent += sent
-        self.stats.bytes_sent += self._bytes_out(n, bodies)
+        self.stats.bytes_sent += nbytes
         self.stats.send_calls += calls
         self.stats.refused += refused
         return refused
@@ -281,20 +282,16 @@ class UdpSocket:
             n, at = n + 1, at + len(data)
         return refused + self.send_packets(n)
 
-    def _bytes_out(self, n: int, bodies: bool) -> int:
-        """The UDP payload bytes of packets 0..n-1, their bodies' included where they have them."""
-        return int(self.out_lengths[:n].sum()) + (int(self.out_body_lengths[:n].sum()) if bodies else 0)
-
     def _send_plain(self, n: int, bodies: bool) -> int:
         refused = 0
         view = memoryview(self.out_buf)
-        self.stats.bytes_sent += self._bytes_out(n, bodies)
         for i in range(n):
             at, length = int(self.out_offsets[i]), int(self.out_lengths[i])
             parts = [view[at:at + length]]
             if bodies:
                 at, length = int(self.out_body_offsets[i]), int(self.out_body_lengths[i])
                 parts.append(view[at:at + length])
+            self.stats.bytes_sent += sum(len(part) for part in parts)
             self.stats.send_calls += 1
             try:
                 if self.peer is not None:

@@ -503,9 +503,10 @@ def test_counters_outlive_a_reset_and_go_with_the_job(model):
     assert m.process(pkt(0, 1), src(0)) == []  # admitted again: a first write
 
 
-def random_traffic(rng, n_packets):
-    """Two jobs' workers sending, retransmitting, going stale, plus strangers and broken packets."""
-    jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5), job(job_id=7, n=5, base=2, slots=3, gen=6, k=6)]
+def random_traffic(rng, n_packets, ks=(K, 6)):
+    """Two jobs' workers sending, retransmitting, going stale, plus strangers and broken packets (jobs 1 and 7
+    of K = ``ks``, as the tests install them)."""
+    jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5, k=ks[0]), job(job_id=7, n=5, base=2, slots=3, gen=6, k=ks[1])]
     current = {}  # (job, slot, copy) -> the chunk its workers are on; ids start just before the wrap
     for _ in range(n_packets):
         j = jobs[rng.integers(len(jobs))]
@@ -611,41 +612,54 @@ def test_process_batch_stops_where_a_multicast_might_not_fit_and_resumes():
         calls += 1
     want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
     assert got == want and len(want) == 13 and calls > 1
-    for small in (Out(4, 3 * HEADER_SIZE + width - 1), Out(2, 4 * width)):  # a byte short; a packet short
+    for small in (Out(4, 3 * width - 1), Out(2, 4 * width)):  # a byte short; a packet short
         with pytest.raises(ValueError, match="multicast"):
             native.process_batch(*batch, 0, 1, *small.arrays())
 
 
-def test_a_multicast_writes_its_values_once_and_every_packet_that_carries_them_points_there():
-    """A result to n workers is n headers (each naming its rank) and one copy of the sum, which every packet
-    of the multicast sends from; a reduce-scatter's non-owners get their header alone (count 0), and a
-    repeat's unicast its own copy. The packets are the model's, byte for byte, random traffic included."""
+SHARE_FROM = 1024  # _switch.c's: a result's values of this many bytes or more go out from one copy
+
+
+@pytest.mark.parametrize("ks", [(K, 6), (256, 6)], ids=["copied", "shared-and-copied"])
+def test_a_large_multicast_writes_its_values_once_and_every_packet_that_carries_them_points_there(ks):
+    """A result of 1 KiB of values or more to n workers is n headers (each naming its rank) and one copy of the
+    sum, which every packet of the multicast sends from; smaller values follow each header (a second iovec
+    costs the kernel more than the copy). A reduce-scatter's non-owners get their header alone (count 0).
+    The packets are the model's, byte for byte, random traffic included."""
     rng = np.random.default_rng(30)
     ref, native = SwitchModel(8), NativeSwitch(8)
     for m in (ref, native):
-        m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5))
-        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6))
-    traffic = [(pkt(w, 1, job_id=1, gen=5), src(w)) for w in range(3)]  # a multicast
-    traffic += [(pkt(w, 2, job_id=1, gen=5, flags=FLAG_OWNER, owner=2), src(w)) for w in range(3)]  # to its owner
-    traffic += [(pkt(0, 2, job_id=1, gen=5, flags=FLAG_OWNER, owner=2), src(0))]  # a repeat: unicast, a header
-    traffic += list(random_traffic(rng, 3000))
+        m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5, k=ks[0]))
+        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=ks[1]))
+    k = ks[0]
+    traffic = [(pkt(w, 1, job_id=1, gen=5, k=k), src(w)) for w in range(3)]  # a multicast
+    owned = dict(job_id=1, gen=5, k=k, flags=FLAG_OWNER, owner=2)
+    traffic += [(pkt(w, 2, **owned), src(w)) for w in range(3)]  # to its owner
+    traffic += [(pkt(0, 2, **owned), src(0))]  # a repeat: unicast, a header alone
+    traffic += list(random_traffic(rng, 3000, ks))
     batch = batch_of(traffic)
     out = Out(256, 1 << 16)
-    got, start, bodies = [], 0, []  # bodies: (call, offset, length) of each packet's
+    got, start, parts = [], 0, []  # parts: (call, head length, body offset, body length) of each packet
     while start < len(traffic):
         start, made = native.process_batch(*batch, start, len(traffic), *out.arrays())
         got += out.packets(made)
-        bodies += [(start, int(out.body_offsets[i]), int(out.body_lengths[i])) for i in range(made)]
+        parts += [(start, int(out.lengths[i]), int(out.body_offsets[i]), int(out.body_lengths[i]))
+                  for i in range(made)]
     want = [(sockaddr_in(e.dst), e.payload()) for data, source in traffic for e in ref.process(data, source)]
     assert got == want
-    assert bodies[0:3] == [bodies[0]] * 3 and bodies[0][2] == 4 * K  # one body, three packets
-    assert [n for *_, n in bodies[3:6]] == [0, 0, 4 * K] and bodies[6][2] == 0  # only the owner's carries it
+    shared = 4 * k >= SHARE_FROM
+    if shared:  # one body, three packets
+        assert parts[0:3] == [(parts[0][0], HEADER_SIZE, parts[0][2], 4 * k)] * 3
+    else:
+        assert [p[1:] for p in parts[0:3]] == [(HEADER_SIZE + 4 * k, 0, 0)] * 3
+    assert [p[1] + p[3] for p in parts[3:7]] == [HEADER_SIZE, HEADER_SIZE, HEADER_SIZE + 4 * k, HEADER_SIZE]
     readers: dict[tuple[int, int], list[tuple[tuple[int, ...], int]]] = {}
-    for (_, payload), (call, at, n) in zip(got, bodies, strict=True):
-        assert len(payload) == HEADER_SIZE + n
+    for (_, payload), (call, head, at, n) in zip(got, parts, strict=True):
+        carried = len(payload) - HEADER_SIZE
+        assert (head, n) == ((HEADER_SIZE, carried) if carried >= SHARE_FROM else (len(payload), 0))
         if n:
             h = unpack_header(payload)
             readers.setdefault((call, at), []).append(((h.job, h.slot, h.copy, h.chunk), h.worker))
     # each body is one result's, each of its packets to another rank; and most served several
     assert all(len({r for r, _ in v}) == 1 and len({w for _, w in v}) == len(v) for v in readers.values())
-    assert sum(len(v) > 1 for v in readers.values()) > 50
+    assert sum(len(v) > 1 for v in readers.values()) > (20 if shared else -1)

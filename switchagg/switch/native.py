@@ -82,9 +82,10 @@ class NativeSwitch:
                       out_body_lengths: np.ndarray, shard: int = 0) -> tuple[int, int]:
         """Datagrams ``start..stop-1`` in, packets to send out, as the server's socket lays both out
         (:meth:`UdpSocket.send_packets` with ``bodies``); see ``_native.Switch.process``. Packet j
-        is its header (``out_offsets``, ``out_lengths``) and then its body (``out_body_offsets``,
-        ``out_body_lengths``): a result's values lie in ``out_buf`` once, and every packet of its
-        multicast points at them. It runs without the GIL; ``shard`` is the calling thread's.
+        is ``out_lengths`` bytes at ``out_offsets`` (its header, and values under 1 KiB) and then its
+        body (``out_body_offsets``, ``out_body_lengths``): a result's values of 1 KiB or more lie in
+        ``out_buf`` once, and every packet of its multicast points at them (``_switch.c`` says why
+        not the smaller ones). It runs without the GIL; ``shard`` is the calling thread's.
 
         Returns the next datagram to handle (it stops early when the out arrays might not hold
         the next one's packets) and how many packets it wrote.

@@ -58,7 +58,7 @@ from .records import RESULTS_KEPT
 
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
-OUT_BYTES = 8 << 20  # ... and their bytes (a multicast takes a header per worker and its values once)
+OUT_BYTES = 8 << 20  # ... and their bytes (a multicast of 1 KiB of values or more takes them once, see _switch.c)
 
 SO_ATTACH_REUSEPORT_CBPF = 51  # asm-generic/socket.h
 STEERING = ("job", "slot")
@@ -238,7 +238,7 @@ class SoftSwitch:
             raise
 
     def _serve_batches(self, sock: UdpSocket, model: NativeSwitch, shard: int) -> None:
-        """Datagrams in and packets out as the socket's arrays: no Python object per packet, and a result's
+        """Datagrams in and packets out as the socket's arrays: no Python object per packet, and a large result's
         values written once for its whole multicast (each packet a header of its own and a body they share).
         The C switch locks what it touches (a control operation waits for the batch), and runs without the
         GIL."""
