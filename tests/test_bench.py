@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
-from switchagg.benchmarks.throughput import codec_speed, run_bench, udp_ceiling
+from switchagg.benchmarks.throughput import codec_cpu, codec_speed, run_bench, udp_ceiling
 from switchagg.benchmarks.training import run_training_bench
 from switchagg.transport import BATCHED_AVAILABLE
 
@@ -19,8 +20,19 @@ def test_bench_prints_both_ratios_per_k_with_the_first_ks_speed_ratio_last(capsy
     assert run_bench(workers=2, mib=0.25, reps=2, ks=(64, 1024), rounds=2, plot=str(plot)) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert sum(bool(re.match(r"round \d: (switchagg|gloo) ", line)) for line in lines) == 6  # two K and gloo, twice
-    per_core = r"round \d: switch K=\d+ on 1 core: \d+k packets/s per core"
-    assert sum(bool(re.match(per_core, line)) for line in lines) == 4
+    per_core = r"round \d: switch K=\d+ on 1 core: \d+k packets/s per core, \d+ ns of CPU per packet \(\d+ user \+ \d+ "
+    assert sum(bool(re.match(per_core + r"system\)", line)) for line in lines) == 4
+    split = r"codec [\d.]+ \+ protocol -?[\d.]+ \+ kernel [\d.]+"  # protocol: user time less an estimate
+    assert sum(bool(re.match(rf"round \d: switchagg K=\d+ .*worker CPU [\d.]+ s/GiB \({split}\)", line))
+               for line in lines) == 4
+    where = re.compile(r"K=(\d+): where the time goes: workers' CPU ([\d.]+) s/GiB \(the median round's\) = "
+                       r"codec ([\d.]+) \+ protocol (-?[\d.]+) \+ kernel ([\d.]+): .*; the switch's CPU per packet "
+                       r"(\d+) ns = (\d+) user \+ (\d+) system")
+    found = {int(m.group(1)): [float(g) for g in m.groups()[1:]] for m in map(where.match, lines) if m}
+    assert sorted(found) == [64, 1024]
+    for total, codec, protocol, kernel, per_packet, user, system in found.values():
+        assert total == pytest.approx(codec + protocol + kernel, abs=0.02) and codec > 0 and kernel >= 0
+        assert per_packet == pytest.approx(user + system, abs=1)  # the switch's CPU: clock ticks, maybe none here
     assert any(re.fullmatch(r"K=1024 per round: ratio_vs_gloo [\d.]+ [\d.]+; host_cpu_ratio_vs_gloo [\d.]+ [\d.]+",
                             line) for line in lines)
     assert any(re.fullmatch(r"ratio_vs_gloo_k1024=\d+\.\d{3}", line) for line in lines)
@@ -31,6 +43,14 @@ def test_bench_prints_both_ratios_per_k_with_the_first_ks_speed_ratio_last(capsy
     ratio = float(re.fullmatch(r"ratio_vs_gloo=(\d+\.\d{3})", lines[-1]).group(1))
     assert ratio > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_codec_cpu_times_the_codec_s_loops_over_every_window():
+    """The loops leave ``out`` what a quantization round trip gives (so each ran over every window), and take time."""
+    x = np.random.default_rng(1).standard_normal(10_000).astype(np.float32)
+    out = np.zeros_like(x)
+    assert codec_cpu(x, out, 64, 4, 16) > 0
+    assert np.allclose(out, x, atol=1e-5) and out[-1] != 0
 
 
 def test_codec_speed_runs_every_packet_through_the_stream():

@@ -16,6 +16,19 @@ hardware) and ``ratio_vs_gloo`` (our throughput over gloo's), the first K's last
 tight sender and one receiver move on the same loopback at the same size
 (:func:`udp_ceiling`), measured in the same run.
 
+**Where the time goes.** Each worker's CPU per GiB is split three ways, per call and then as the
+medians: *kernel*, the process's system time (the socket calls' copies and the loopback's delivery);
+*codec*, the CPU the codec's own loops (:mod:`switchagg._native`'s propose, quantize_propose and
+dequantize, the functions the C stream calls) take on the same tensor in the same worker process, right
+after its calls, a window of chunks at a time into and out of a window-sized buffer as the stream does
+(:func:`codec_cpu`); *protocol*, the rest of its user time: the stream's schedule, headers, timers and
+bookkeeping, the Python around each call and the client's threads. The codec figure is an estimate
+(the loops without the stream's per-chunk calls around them), so protocol holds what the stream adds
+to them. The switch's CPU per packet is its process's user and system time over the datagrams it
+served (its counters), each part apart. Linux splits a process's time into user and system by
+sampling at the clock tick (the switch's figures come in ticks too): sound over 64 MiB calls, rough
+for small ones.
+
 ``switch_cores`` runs the switch on that many cores (``switchagg switch --cores``, steered by
 ``switch_steer``); each round then also says the switch's packets per second per core (the
 packets the workers sent it per second of their calls, over its cores), its CPU per packet, and
@@ -60,6 +73,32 @@ def _timed_calls(call, reps: int, warm_up: bool = True) -> dict[str, list[float]
     return {"wall": walls, "cpu": cpus, "system": systems}
 
 
+def codec_cpu(x: np.ndarray, out: np.ndarray, k: int, n: int, slots: int) -> float:
+    """CPU seconds (this thread's) that the codec's loops take on float32 ``x`` and ``out`` in one call of a
+    job of ``n`` workers, K = ``k``, ``slots`` slots: what the C stream runs, with its reach into memory.
+
+    The stream proposes the first window's exponents as the call starts, then quantizes data chunk c in
+    one loop with the proposal of chunk c + ``slots`` (``sa_quantize_propose``) into the row it sends,
+    and dequantizes each sum from the row it received into ``out``. Here the same functions run a
+    window (``slots`` chunks) at a time into a window-sized buffer, which stays in the cache as the
+    rows do, and back out of it: the same bytes read and written, without the per-chunk calls.
+    """
+    from .. import _native
+    from ..codec import propose_exponents, scale_shift
+
+    window = slots * k
+    exps = np.empty(-(-min(window, x.size) // k), np.int8)
+    values = np.empty(min(window, x.size), np.uint32)  # the rows' values, big-endian int32 on the wire
+    shift = scale_shift(int(propose_exponents(x[:window], k).max()), n)  # any finite one: the loops' speed is one
+    start = time.thread_time()
+    _native.propose(x[:window], k, exps)
+    for a in range(0, x.size, window):
+        b = min(a + window, x.size)
+        _native.quantize_propose(x[a:b], values[:b - a], shift, x[a + window:b + window])
+        _native.dequantize(values[:b - a], out[a:b], shift)
+    return time.thread_time() - start
+
+
 def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int) -> None:
     import tomllib
 
@@ -77,6 +116,9 @@ def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int)
             stats["received"] = client.transport_stats.received - received
             stats["backend"] = client.backend
             stats["retransmissions"] = client.retransmissions
+        k, n = cfg.values_per_packet, len(cfg.workers)
+        # the codec's share, on the same bytes in the same process: as many times as there were calls
+        stats["codec"] = [codec_cpu(x, out, k, n, cfg.slot_count or default_slot_count(k)) for _ in range(reps)]
         queue.put((rank, "result", stats))
     except Exception:  # noqa: BLE001 - the parent reports it
         queue.put((rank, "error", traceback.format_exc()))
@@ -103,13 +145,17 @@ def _gloo_worker(rank: int, queue, world: int, port: int, numel: int, reps: int)
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def _summary(per_worker: list[dict], nbytes: int) -> tuple[float, float, float]:
-    """Median over calls of the slowest worker's time; worker CPU seconds per GiB, and the kernel's part."""
+def _summary(per_worker: list[dict], nbytes: int) -> dict[str, float]:
+    """Median over calls of the slowest worker's time (``wall``); worker CPU seconds per GiB (``cpu``), and of it
+    the kernel's (``system``) and, where measured, the codec's loops' (``codec``): each the median over calls
+    of the workers' mean."""
     reps = len(per_worker[0]["wall"])
-    wall = statistics.median(max(w["wall"][i] for w in per_worker) for i in range(reps))
-    cpu, system = (statistics.median(statistics.mean(w[key][i] for w in per_worker) for i in range(reps))
-                   for key in ("cpu", "system"))
-    return wall, cpu / (nbytes / 2**30), system / (nbytes / 2**30)
+    out = {"wall": statistics.median(max(w["wall"][i] for w in per_worker) for i in range(reps))}
+    for key in ("cpu", "system", "codec"):
+        if key in per_worker[0]:
+            out[key] = statistics.median(statistics.mean(w[key][i] for w in per_worker)
+                                         for i in range(reps)) / (nbytes / 2**30)
+    return out
 
 
 def _start_switch(cfg: JobConfig, workdir: Path, cores: int = 1, steer: str = "job") -> subprocess.Popen:
@@ -231,18 +277,19 @@ def _measure_switchagg(workers: int, numel: int, reps: int, k: int, slots: int, 
         finally:
             switch.terminate()
             switch.wait(10)
-    wall, cpu, system = _summary(ours, numel * 4)
+    summary = _summary(ours, numel * 4)
     switch_cpu = None if not (before and after) else \
         tuple((b - a) / (reps + 1) for a, b in zip(before, after, strict=True))
     busy = [sum(w["wall"]) for w in ours]  # each worker's time in its timed calls
     pps_out = statistics.mean(w["sent"] / b for w, b in zip(ours, busy, strict=True))
     served = sum(s["datagrams"] for s in shards)
-    return {"wall": wall, "cpu": cpu, "system": system, "switch": switch_cpu, "backend": ours[0]["backend"],
+    return {**summary, "switch": switch_cpu, "backend": ours[0]["backend"],
             "resent": sum(w["retransmissions"] for w in ours), "pps_out": pps_out,
             "pps_in": statistics.mean(w["received"] / b for w, b in zip(ours, busy, strict=True)),
             "cores": cores, "pps_per_core": workers * pps_out / cores,
-            # the switch's CPU per datagram it served (the warm-up call's too, as its CPU figure has them)
-            "switch_cpu_per_packet": None if not switch_cpu else sum(switch_cpu) * (reps + 1) / max(served, 1),
+            # the switch's CPU per datagram it served, user and system (the warm-up call's too, as its CPU figure
+            # has them)
+            "switch_cpu_per_packet": None if not switch_cpu else [c * (reps + 1) / max(served, 1) for c in switch_cpu],
             "shares": [s["datagrams"] / max(served, 1) for s in shards],
             "off_home": sum(s["off_home"] for s in shards) / max(served, 1)}
 
@@ -251,17 +298,37 @@ def _switch_line(run: dict) -> str:
     """A round's figures of the switch's cores: packets per second per core, CPU per packet, each core's share."""
     line = f"{run['pps_per_core'] / 1e3:.0f}k packets/s per core"
     if run["switch_cpu_per_packet"] is not None:
-        line += f", {run['switch_cpu_per_packet'] * 1e9:.0f} ns of CPU per packet"
+        user, system = run["switch_cpu_per_packet"]
+        line += (f", {(user + system) * 1e9:.0f} ns of CPU per packet"
+                 f" ({user * 1e9:.0f} user + {system * 1e9:.0f} system)")
     if run["cores"] > 1:
         line += (f", each core's share of the packets {' '.join(f'{x:.0%}' for x in run['shares'])}, "
                  f"{run['off_home']:.1%} in a message steered by another packet's field")
     return line
 
 
+def _split(run: dict) -> str:
+    """A run's worker CPU per GiB in its three parts (the module's doc says what each holds)."""
+    protocol = run["cpu"] - run["system"] - run["codec"]
+    return f"codec {run['codec']:.2f} + protocol {protocol:.2f} + kernel {run['system']:.2f}"
+
+
+def _where(runs: list[dict], switch_per_packet: list[list[float]]) -> str:
+    """The split of the round whose workers' CPU per GiB is the median (its parts add up to it), and the
+    rounds' median of the switch's CPU per packet, user and system."""
+    middle = sorted(runs, key=lambda x: x["cpu"])[(len(runs) - 1) // 2]
+    line = (f"workers' CPU {middle['cpu']:.2f} s/GiB (the median round's) = {_split(middle)}: codec the codec's "
+            "loops on the same bytes, protocol the rest of their user time, kernel their system time")
+    if switch_per_packet:
+        user, system = (statistics.median(c[i] for c in switch_per_packet) for i in (0, 1))
+        line += (f"; the switch's CPU per packet {(user + system) * 1e9:.0f} ns = {user * 1e9:.0f} user + "
+                 f"{system * 1e9:.0f} system (its process's CPU over the datagrams it served)")
+    return line
+
+
 def _measure_gloo(workers: int, numel: int, reps: int) -> dict:
     (port,) = free_ports(1, kind=socket.SOCK_STREAM)
-    wall, cpu, system = _summary(run_processes(_gloo_worker, workers, (workers, port, numel, reps)), numel * 4)
-    return {"wall": wall, "cpu": cpu, "system": system}
+    return _summary(run_processes(_gloo_worker, workers, (workers, port, numel, reps)), numel * 4)
 
 
 def _progress(total: int):
@@ -315,7 +382,7 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
         for k in ks:
             ours = runs[k][-1]
             line = (f"round {r}: switchagg K={k} {ours['wall'] * 1e3:.1f} ms ({nbytes / ours['wall'] / 2**30:.3f} "
-                    f"GiB/s), worker CPU {ours['cpu']:.2f} s/GiB ({ours['system']:.2f} in the kernel), packets/s per "
+                    f"GiB/s), worker CPU {ours['cpu']:.2f} s/GiB ({_split(ours)}), packets/s per "
                     f"worker {ours['pps_out'] / 1e3:.0f}k out {ours['pps_in'] / 1e3:.0f}k in, resent {ours['resent']}")
             if ours["switch"]:
                 line += f", switch process {ours['switch'][0] * 1e3:.0f}+{ours['switch'][1] * 1e3:.0f} ms user+system"
@@ -344,7 +411,8 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
         each = " ".join(f"{x['pps_per_core'] / 1e3:.0f}k" for x in runs[k])
         print(f"K={k}: switch on {switch_cores} core{'s' if switch_cores > 1 else ''}: packets/s per core "
               f"{per_core / 1e3:.0f}k (median of the rounds': {each})"
-              + (f", CPU per packet {statistics.median(cpu_each) * 1e9:.0f} ns" if cpu_each else ""))
+              + (f", CPU per packet {statistics.median(sum(c) for c in cpu_each) * 1e9:.0f} ns" if cpu_each else ""))
+        print(f"K={k}: where the time goes: {_where(runs[k], cpu_each)}")
         print(f"switch_pps_per_core{'' if k == ks[0] else f'_k{k}'}={per_core:.0f}")
         pps = [workers * run["pps_out"] / ceilings[k] for run in runs[k]] if ceilings[k] else []
         print(f"K={k}: packets/s per worker {statistics.median(x['pps_out'] for x in runs[k]) / 1e3:.0f}k out, "
