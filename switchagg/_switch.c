@@ -103,8 +103,9 @@ static inline int chunk_is_newer(uint32_t chunk, uint32_t stored) {
  * values follow each header, one part a packet: at K = 64 (256 bytes) a second iovec cost the kernel's send
  * about 45 ns a packet, more than the copy it saves here (under 10). Process and send, CPU per datagram in,
  * 4 workers on loopback (a 2-core shared box, medians of 4-6 runs): K = 64 shared 330 ns against 290 copied;
- * K = 256 510 against 570; K = 1024 1025 against 1215; K = 16000 11.6 us against 12.6. Values are copied out of the register at
- * all because a later datagram of the batch may overwrite it before the batch is sent. */
+ * K = 256 510 against 570; K = 1024 1025 against 1215; K = 16000 11.6 us against 12.6. Values are copied
+ * out of the register at all because a later datagram of the batch may overwrite it before the batch is
+ * sent. */
 #define SHARE_FROM 1024
 typedef struct {
     unsigned char *buf, *names;
@@ -325,10 +326,10 @@ PyDoc_STRVAR(process_doc,
 "sockaddr_in in row i of in_names) and write the packets they make into out_buf: packet j is\n"
 "out_lengths[j] bytes at out_offsets[j] (its header, and small values), then a body, out_body_lengths[j]\n"
 "bytes at out_body_offsets[j] (a result's values of 1 KiB or more, written once for all the packets of\n"
-"its multicast; else empty), to the destination in row j\n"
-"of out_names. Stops before a datagram whose packets might not fit; returns the next datagram to\n"
-"handle and how many packets were made. It runs without the GIL; `shard` (0..shards-1) is whose counters it adds to, and\n"
-"several threads may call it at once, each with a shard of its own and arrays of its own.");
+"its multicast; else empty), to the destination in row j of out_names. Stops before a datagram whose\n"
+"packets might not fit; returns the next datagram to handle and how many packets were made. It runs\n"
+"without the GIL; `shard` (0..shards-1) is whose counters it adds to, and several threads may call it\n"
+"at once, each with a shard of its own and arrays of its own.");
 
 typedef struct {
     const unsigned char *in, *in_names;

@@ -189,11 +189,11 @@ PyDoc_STRVAR(send_doc,
 "Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), followed,\n"
 "where body arrays are given, by body_lengths[i] bytes at buf[body_offsets[i]:] (a body several\n"
 "packets may share: the kernel reads each part as an iovec, a packet's two parts in turn; a packet\n"
-"with an empty body is one), to the sockaddr_in in row i\n"
-"of names (a uint8 array, 16 bytes a row), or to the connected peer when names is None. With max_segments > 1 the packets go out grouped by destination, each run of equal-sized\n"
-"packets as one segmented message. What the kernel refuses is counted in refused, not raised; if it\n"
-"refuses segmentation, the rest goes out plainly and gso_errno says why (else 0). nbytes: the n packets'\n"
-"bytes, parts together (refused ones too).");
+"with an empty body is one), to the sockaddr_in in row i of names (a uint8 array, 16 bytes a row), or\n"
+"to the connected peer when names is None. With max_segments > 1 the packets go out grouped by\n"
+"destination, each run of equal-sized packets as one segmented message. What the kernel refuses is\n"
+"counted in refused, not raised; if it refuses segmentation, the rest goes out plainly and gso_errno\n"
+"says why (else 0). nbytes: the n packets' bytes, parts together (refused ones too).");
 
 static PyObject *udp_send(PyObject *self, PyObject *args) {
     int fd;

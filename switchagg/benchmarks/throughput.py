@@ -314,15 +314,15 @@ def _split(run: dict) -> str:
 
 
 def _where(runs: list[dict], switch_per_packet: list[list[float]]) -> str:
-    """The split of the round whose workers' CPU per GiB is the median (its parts add up to it), and the
-    rounds' median of the switch's CPU per packet, user and system."""
+    """The split of the round whose workers' CPU per GiB is the median (its parts add up to it), and of the
+    round whose switch CPU per packet is."""
     middle = sorted(runs, key=lambda x: x["cpu"])[(len(runs) - 1) // 2]
     line = (f"workers' CPU {middle['cpu']:.2f} s/GiB (the median round's) = {_split(middle)}: codec the codec's "
             "loops on the same bytes, protocol the rest of their user time, kernel their system time")
     if switch_per_packet:
-        user, system = (statistics.median(c[i] for c in switch_per_packet) for i in (0, 1))
+        user, system = sorted(switch_per_packet, key=sum)[(len(switch_per_packet) - 1) // 2]
         line += (f"; the switch's CPU per packet {(user + system) * 1e9:.0f} ns = {user * 1e9:.0f} user + "
-                 f"{system * 1e9:.0f} system (its process's CPU over the datagrams it served)")
+                 f"{system * 1e9:.0f} system (the median round's: its process's CPU over the datagrams it served)")
     return line
 
 
