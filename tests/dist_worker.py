@@ -7,17 +7,20 @@ Every function is ``fn(rank, queue, world, env, port, ...)``: it sets the ``SWIT
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
-def _init(rank: int, world: int, env: dict[str, str], port: int, backend: str = "switchagg") -> None:
+def _init(rank: int, world: int, env: dict[str, str], port: int, backend: str = "switchagg",
+          timeout: timedelta | None = None) -> None:
     os.environ.update(env)
     import switchagg.distributed  # noqa: F401 - registers the backend
 
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timeout)
 
 
 def _values(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -153,3 +156,17 @@ def fsdp_custom(rank: int, queue: Any, world: int, env: dict[str, str], port: in
     stats = switch.client.transport_stats
     dist.destroy_process_group()
     queue.put((rank, "result", {"losses": losses, "sent": stats.bytes_sent, "received": stats.bytes_received}))
+
+
+def fallback_calls(rank: int, queue: Any, world: int, env: dict[str, str], port: int, rounds: int) -> None:
+    """Broadcasts left to finish on their own, each followed by a barrier, as Lightning's logging does:
+    gloo frees each broadcast's tensors in its own thread, racing the barrier's issue. A deadlock
+    there shows as gloo's timeout (20 s here) on a rank, not as a hang."""
+    _init(rank, world, env, port, timeout=timedelta(seconds=20))
+    for i in range(rounds):
+        dist.broadcast(torch.full((1,), float(i)), src=i % world, async_op=True)  # its Work dropped at once
+        dist.barrier()
+    sent = [torch.tensor([rank])]
+    dist.broadcast(sent[0], src=world - 1)
+    queue.put((rank, "result", {"rounds": rounds, "last": int(sent[0])}))
+    dist.destroy_process_group()

@@ -105,6 +105,14 @@ def test_fsdp_keeps_its_group_and_sums_through_a_switch_group_beside_it(switch):
         assert ours[rank]["received"] < 0.8 * ours[rank]["sent"]
 
 
+def test_calls_to_the_fallback_never_deadlock_with_gloo_s_worker_thread(switch):
+    """torch issues a Python group's inherited collectives holding the GIL, which gloo's worker thread
+    needs to free a finished broadcast while it holds the lock the issue takes (group.py)."""
+    _, env = switch
+    out = spawn(dist_worker.fallback_calls, env, 2000, timeout=120)
+    assert out == [{"rounds": 2000, "last": WORLD - 1}] * WORLD
+
+
 def test_options_need_the_switch_and_check_what_they_are_given():
     with pytest.raises(ConfigError, match="SWITCHAGG_SWITCH"):
         Options.from_env({})

@@ -1,7 +1,6 @@
-"""The examples run as their docstrings say: torchrun (DDP and FSDP2) and accelerate, against a switch
-that takes jobs through its control port. accelerate comes with the `examples` extra; without it its
-test skips. examples/lightning_ddp.py has no test here: one run in four hung in a fresh clone (both
-ranks in the gloo barrier of Lightning's sync_dist), not yet understood (the closing note of issue 28)."""
+"""The examples run as their docstrings say: torchrun (DDP and FSDP2), Lightning and accelerate, against
+a switch that takes jobs through its control port. Lightning and accelerate come with the `examples`
+extra; without them their tests skip."""
 
 from __future__ import annotations
 
@@ -44,6 +43,12 @@ def test_torchrun_script_trains_through_the_switch(env, mode):
     out = run([*TORCHRUN, str(port), "examples/train.py", "--steps", "60", *mode], env)
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 3 and losses[-1] < losses[0], out
+
+
+def test_lightning_ddp_on_cpu(env):
+    pytest.importorskip("lightning", reason="Lightning comes with the examples extra: "
+                                           "pip install 'switchagg[examples]'")
+    run([sys.executable, "examples/lightning_ddp.py"], env)
 
 
 def test_accelerate_on_cpu(env):

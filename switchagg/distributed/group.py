@@ -95,6 +95,41 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    # ---- through the fallback, issued without the GIL -----------------------------------------------
+    # torch issues a Python group's collectives that the group does not define itself with the GIL
+    # held (PyProcessGroup's WORK_OVERRIDE calls the base class inside its GIL scope). Gloo's worker
+    # thread frees a finished Work while holding the lock that issuing a collective takes, and
+    # freeing a tensor Python knew takes the GIL: a deadlock, both ranks stuck in the next collective
+    # (Lightning's barrier after a broadcast hung about one run in fifteen). The backends' own Python
+    # methods release the GIL, so every call that goes to the fallback goes through one of them.
+
+    def barrier(self, opts: Any = None) -> Any:
+        opts = opts or dist.BarrierOptions()
+        return self._get_backend(opts.device or torch.device("cpu")).barrier(opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._fallback(tensors[0]).broadcast(tensors, opts or dist.BroadcastOptions())
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._fallback(inputs[0]).allgather(outputs, inputs, opts or dist.AllgatherOptions())
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self._fallback(tensors[0]).allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> Any:
+        return self._fallback(input).alltoall_base(output, input, output_split_sizes, input_split_sizes,
+                                                   opts or dist.AllToAllOptions())
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
+        return self._fallback(outputs[0]).reduce_scatter(outputs, inputs, opts or dist.ReduceScatterOptions())
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        return self._fallback(tensors[0]).send(tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self._fallback(tensors[0]).recv(tensors, src, tag)
+
     def shutdown(self) -> None:
         """Close the client and remove the job from the switch (``destroy_process_group`` calls this)."""
         if self.formed is not None:
