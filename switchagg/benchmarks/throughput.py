@@ -186,11 +186,13 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
 
     The stream writes whole windows of packets per call (header and quantized values straight
     into the rows a socket sends from) and takes whole batches of results back; here each
-    packet comes straight back as its own result, as from a switch of one worker.
+    packet comes straight back as its own result, as from a switch of one worker. The calls share
+    one arena for their per-call arrays, as a client's do (without it each call's arrays are fresh
+    pages the kernel zeroes, which is not the codec's time).
     """
     from .. import calls
     from ..payloads import FloatPayloads
-    from ..protocol import NativeReduction, StreamParams, Window
+    from ..protocol import Arena, NativeReduction, StreamParams, Window
     from ..wire import PacketType, datagram_size
 
     x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
@@ -203,13 +205,14 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
 
     row, _ = calls.rows(calls.CallDescriptor(0, numel, "float"), 0, n, k)
     call = (row, row.tobytes())  # the rows come back unsummed, so the call round's echo is what it expects
+    arena = Arena()
 
     def one_call() -> tuple[float, float]:
         t = time.perf_counter()
         payloads = FloatPayloads(x, out, k, n)
         red = NativeReduction(StreamParams(1, 0, 0, 1, n, slots, k), Window(slots, initial=slots), payloads,
                               n_chunks=-(-numel // k), first_id=0, copies=np.zeros(slots, np.int64), now=0.0,
-                              progress_timeout=1e9, call=call)
+                              progress_timeout=1e9, call=call, arena=arena)
         enc, dec = time.perf_counter() - t, 0.0
         while not red.done:
             t0 = time.perf_counter()
