@@ -277,12 +277,15 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
                                sum(int(r["asked"]) for r in ranks), _dropped(n), _exact(ranks, lossless.ranks, n),
                                lossless.seconds, calls, lossless.calls)
                     median, p99, worst, total = call_slowdowns(calls, lossless.calls)
+                    slowest = int(np.argmax(calls / lossless.calls))
                     runs_of.setdefault((recovery, rate), []).append(run)
                     print(f"{n} workers, {recovery}, {rate:g}% loss, round {rnd + 1}: {seconds:.2f} s "
                           f"({seconds / run.lossless:.2f}x lossless), resent {run.resent}, asked {run.asked}, "
                           f"dropped {run.dropped}, {'bit-exact' if run.exact else 'NOT EXACT'}; random sequence "
                           f"{calls.sum():.2f} s ({total:.2f}x), per call median {median:.2f}x p99 {p99:.2f}x "
-                          f"worst {worst:.2f}x", flush=True)
+                          f"worst {worst:.2f}x (call {slowest + 1}, {random_calls()[slowest][0]} values: "
+                          f"{lossless.calls[slowest] * 1e3:.1f} ms lossless, {calls[slowest] * 1e3:.1f} ms)",
+                          flush=True)
             for (recovery, rate), runs in runs_of.items():
                 table.setdefault((n, recovery), []).append(_row(recovery, rate, runs))
     finally:
