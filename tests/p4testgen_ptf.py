@@ -12,16 +12,24 @@ P4Testgen's expectation to that, and every test that cannot be compared is class
 reason instead of being skipped. ``docs/tofino.md`` ("What P4Testgen checks") says what is
 covered.
 
-Three things are P4Testgen's and not the program's, and are handled here, each said where it is:
+Both passes are compared. P4Testgen runs one pass at a time: a test sent in on the recirculation port
+is a second pass, its packet the contribution as the first pass recirculated it (hdr.recirc in front),
+its registers the second half's; :func:`_translate_second_pass` says how that becomes the model's
+state and the worker's contribution.
 
-* the admission entry and the registers P4Testgen makes up are any bits at all; a copy of the
-  program with ``testgen_assume`` lines in it (:func:`prepare_program`) keeps it to entries and
-  states a control plane and earlier packets can produce;
+Four things are P4Testgen's and not the program's, and are handled here, each said where it is:
+
+* the admission entry, the registers and a recirculated packet P4Testgen makes up are any bits at
+  all; a copy of the program with ``testgen_assume`` lines in it (:func:`prepare_program`) keeps
+  them to entries, states and packets a control plane and earlier packets can produce;
+* its parser value sets stay empty, so the copy matches the recirculation port as a constant;
+* it has no packet replication engine: a multicast is dropped, and only what ingress did with it
+  (group, headers, counters) is compared;
 * its checksum extern is not modelled (a reply's IPv4 checksum is taint), and its egress reads the
   17-bit ``@flexible`` bridge header without the padding bf-p4c gives it, so every expected packet
   lacks its first byte and most are masked: the fields are also taken from the trace of what the
-  ingress deparser emitted (:func:`ingress_emits`), which is P4Testgen's own, fully computed;
-* counters are no-ops in its model: which counter a packet bumps is read from the trace too.
+  ingress deparser emitted (:func:`ingress_emits`), which is P4Testgen's own, fully computed; counters
+  are no-ops in its model: which counter a packet bumps is read from the trace too.
 """
 
 from __future__ import annotations
@@ -78,14 +86,56 @@ _ADMIT_ASSUMPTIONS = """\
 """
 _WORKERS_ASSUMPTION = "            testgen_assume(value != 0 && value & ~md.all_workers == 0);\n"
 
+# What arrives on the recirculation port is what the first pass sends there (recirculate() in main.p4): a
+# contribution the parser took as well formed (IPv4 of 20 bytes, unfragmented, UDP to the switchagg port,
+# the lengths of K values; version 1, CONTRIB, no flag but the copy, worker < 32, owner 0, count K), of a
+# run's generation (admission drops 0), behind the recirculation header admission filled in: the cell
+# slot_base + slot inside the pool (so at least the slot), a job index, the host port it came in on, and
+# the worker bits of an admission entry as above. P4Testgen otherwise makes up any bits for all of it.
+_SECOND_PASS_ASSUMPTIONS = """\
+        testgen_assume(hdr.recirc.cell < SA_NUM_SLOTS && hdr.sa.slot <= hdr.recirc.cell);
+        testgen_assume(hdr.recirc.job_index < SA_MAX_JOBS);
+        testgen_assume(hdr.recirc.ingress_port < 512 && hdr.recirc.ingress_port != SA_TESTGEN_RECIRC_PORT);
+        testgen_assume(hdr.sa.worker < SA_MAX_WORKERS && hdr.recirc.worker_bit == 32w1 << (bit<32>)hdr.sa.worker);
+        testgen_assume(hdr.recirc.all_workers & (hdr.recirc.all_workers + 1) == 0
+                       && hdr.recirc.all_workers & hdr.recirc.worker_bit != 0);
+        testgen_assume(hdr.recirc.other_workers == hdr.recirc.all_workers & ~hdr.recirc.worker_bit);
+        testgen_assume(hdr.ethernet.ether_type == SA_ETHERTYPE_IPV4 && hdr.ipv4.ihl == 5 && hdr.ipv4.flags[0:0] == 0
+                       && hdr.ipv4.frag_offset == 0 && hdr.ipv4.protocol == SA_IP_PROTOCOL_UDP);
+        testgen_assume(hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES
+                       && hdr.udp.dst_port == SA_UDP_PORT && hdr.udp.length == SA_CONTRIB_UDP_BYTES);
+        testgen_assume(hdr.sa.version == SA_VERSION && hdr.sa.type == SA_TYPE_CONTRIB
+                       && hdr.sa.flags & ~SA_FLAG_COPY == 0);
+        testgen_assume(hdr.sa.owner == 0 && hdr.sa.count == SA_VALUES && hdr.sa.generation != 0);
+"""
+
+# The values are any bits to the program (no branch reads them), and P4Testgen, left free, gives zeros
+# everywhere, under which a sum, a swapped half or a value in the wrong place would all look right. So
+# they are pinned: the packet's, per header, to distinct non-zero multiples of a constant (large enough
+# that sums wrap), and a value register's cell, where a pass reads it, to the packet's value plus another.
+_VALUE_PATTERNS = {"vals_active": 0x01020305, "vals_tail": 0x0A0B0C0D, "vals_head": 0x10203041}
+_REGISTER_ASSUMPTION = "            testgen_assume(value == hdr.vals_active.v##n + 32w0x7F00FF01); \\\n"
+
+
+def _pinned(*headers: str) -> str:
+    """``testgen_assume`` lines giving each value of ``headers`` its pattern (:data:`_VALUE_PATTERNS`)."""
+    return "".join(f"        testgen_assume(hdr.{h}.v{j:02d} == 32w{_VALUE_PATTERNS[h] * (j + 1) & 0xFFFFFFFF:#x});\n"
+                   for h in headers for j in range(HALF))
+
 
 def prepare_program(chip: Chip, dest: Path) -> Path:
-    """A copy of ``p4/tna`` (and ``p4/include``) under ``dest`` with P4Testgen's assumptions in it; its main.p4.
+    """A copy of ``p4/tna`` (and ``p4/include``) under ``dest`` for P4Testgen to run; its main.p4.
 
-    The lines only constrain what P4Testgen may pick for the control plane's data and the registers'
-    initial values (``testgen_assume`` is P4Testgen's extern; bf-p4c never sees this copy). Each is
-    inserted at an anchor that must occur exactly once, so that a change to the program that moves
-    an anchor fails here instead of silently dropping an assumption.
+    Two kinds of change, neither of them to the program's semantics, and bf-p4c never sees this copy:
+
+    * ``testgen_assume`` lines (P4Testgen's extern) only constrain what P4Testgen may pick for the
+      control plane's data, the registers' initial values and a recirculated packet;
+    * the parser's ``recirculation_ports`` value set, which P4Testgen never matches (its value sets
+      stay empty, so no second pass would be generated), becomes the one port the control plane puts
+      in it for pipe 0 (``tofino.py``: the chip's recirculation port), as a constant select.
+
+    Each is made at an anchor that must occur exactly once, so that a change to the program that
+    moves an anchor fails here instead of silently dropping a change.
     """
     root = dest / "p4"
     if root.exists():
@@ -94,18 +144,25 @@ def prepare_program(chip: Chip, dest: Path) -> Path:
     shutil.copytree(P4_DIR / "include", root / "include")
     recirc = chip.recirculation_port
 
-    def patch(name: str, anchor: str, text: str, count: int = 1) -> None:
+    def patch(name: str, anchor: str, text: str, *, replace: bool = False, count: int = 1) -> None:
         path = root / "tna" / name
         src = path.read_text()
         if src.count(anchor) != count:
-            raise AssertionError(f"p4/tna/{name}: expected {count} of {anchor!r} to insert P4Testgen's assumptions")
-        path.write_text(src.replace(anchor, anchor + text))
+            raise AssertionError(f"p4/tna/{name}: expected {count} of {anchor!r} to change for P4Testgen")
+        path.write_text(src.replace(anchor, text if replace else anchor + text))
 
     patch("admission.p4", "        md.admitted = 1;\n", _ADMIT_ASSUMPTIONS)
     parser = root / "tna" / "parser.p4"  # the first of the patched files main.p4 includes
     parser.write_text(f"#include <testgen.p4>\n#define SA_TESTGEN_RECIRC_PORT {recirc}\n" + parser.read_text())
-    patch("parser.p4", "        pkt.extract(ig_intr_md);\n",
-          "        testgen_assume(ig_intr_md.ingress_port != SA_TESTGEN_RECIRC_PORT);  /* a host's port */\n")
+    patch("parser.p4", "            recirculation_ports: second_pass;\n",
+          "            SA_TESTGEN_RECIRC_PORT: second_pass;  /* the value set, as the control plane fills it */\n",
+          replace=True)
+    patch("parser.p4", "        pkt.extract(hdr.vals_head);\n        pkt.extract(hdr.vals_active);\n",
+          _SECOND_PASS_ASSUMPTIONS + _pinned("vals_head", "vals_active"))
+    patch("parser.p4", "        pkt.extract(hdr.vals_active);\n        pkt.extract(hdr.vals_tail);\n",
+          _pinned("vals_active", "vals_tail"))
+    patch("values.p4", "        void apply(inout bit<32> value, out bit<32> sum) { \\\n", _REGISTER_ASSUMPTION,
+          count=2)  # add's and read's
     for action, out in (("workers_add", "before"), ("workers_read", "held")):
         head = f"(workers) {action} = {{\n        void apply(inout bit<32> value, out bit<32> {out}) {{\n"
         patch("aggregation.p4", head, _WORKERS_ASSUMPTION)
@@ -266,13 +323,17 @@ def _sections(trace: str) -> tuple[list[str], list[str]]:
 
 
 def ingress_emits(trace: str) -> list[dict[str, int | None]]:
-    """The headers the ingress deparser emitted, in order, as P4Testgen computed them (None: taint)."""
+    """The headers the ingress deparser emitted, in order, as P4Testgen computed them (None: taint).
+
+    The one signed field, the switchagg header's ``int<8>`` exponent, is written negative where P4Testgen
+    computed it (the second pass's maximum): it is taken as its 8 bits, as the wire and the model hold it.
+    """
     out = []
     for line in _sections(trace)[1]:
         m = _EMIT.match(line)
         if m:
-            out.append({k: (None if v.strip() in ("Taint", '"Taint"') else int(v, 0))
-                        for k, v in _FIELD.findall(m.group(1))})
+            out.append({k: (None if v.strip() in ("Taint", '"Taint"') else int(v, 0) & 0xFF if k == "exponent"
+                            else int(v, 0)) for k, v in _FIELD.findall(m.group(1))})
     return out
 
 
@@ -301,7 +362,10 @@ def counted(trace: str) -> list[tuple[str, int, int]] | None:
 # ---- translation into a job and copy state ---------------------------------------------------------
 
 ADMISSION = "SaIngress.admission.admission"
-REGISTERS = ("SaIngress.first_half.tag_generation", "SaIngress.first_half.tag_chunk", "SaIngress.first_half.workers")
+FIRST_HALF = ("SaIngress.first_half.tag_generation", "SaIngress.first_half.tag_chunk", "SaIngress.first_half.workers")
+SECOND_HALF = ("SaIngress.second_half.tag_generation", "SaIngress.second_half.tag_chunk",
+               "SaIngress.second_half.workers")
+EXPONENT = "SaIngress.exponent.exponent"
 VALUES = re.compile(r"SaIngress\.values\.values_(\d\d)$")
 
 
@@ -309,15 +373,33 @@ class Unmappable(Exception):
     """A test whose entries or registers no legal job and state gives: classified with this reason."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Recirc:
+    """``hdr.recirc`` in front of a second pass's packet: what admission found in the first pass."""
+
+    cell: int
+    job_index: int
+    ingress_port: int
+    worker_bit: int
+    other_workers: int
+    all_workers: int
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Recirc:
+        return cls(*struct.unpack(">HHHIII", data[:RECIRC_SIZE]))
+
+
 @dataclasses.dataclass
 class Setup:
-    """A test's control plane and registers as the model holds them."""
+    """A test's control plane and registers as the model holds them; for a second pass, its recirculation
+    header too."""
 
     model: SwitchModel
     job: JobEntry | None
     job_index: int | None
     worker_bits: tuple[int, int, int] | None  # worker_bit, other_workers, all_workers
     recirc_port: int | None
+    recirc: Recirc | None = None
 
 
 def _placeholder(rank: int) -> tuple[str, int]:
@@ -325,11 +407,24 @@ def _placeholder(rank: int) -> tuple[str, int]:
     return (f"198.51.100.{rank + 1}", 50000 + rank)  # TEST-NET-2: never a P4Testgen source
 
 
+def _check_rank(rank: int, bit: int, other: int, all_workers: int) -> int:
+    """The job's worker count, where the worker bits are rank ``rank``'s of a job (else Unmappable)."""
+    n = all_workers.bit_length()
+    if all_workers == 0 or all_workers != (1 << n) - 1 or rank >= n or bit != 1 << rank:
+        raise Unmappable(f"worker {rank} with worker_bit {bit:#x} and all_workers {all_workers:#x}: no job's rank")
+    if other != all_workers & ~bit:
+        raise Unmappable(f"other_workers {other:#x} is not all_workers without the worker's bit")
+    return n
+
+
 def translate(test: PtfTest, chip: Chip) -> Setup:
-    """The job the admission entry belongs to and the copy state its registers hold, in a fresh model.
+    """The job the admission entry belongs to and the copy state its registers hold, in a fresh model
+    (for a packet on the recirculation port, :func:`_translate_second_pass`).
 
     Raises :class:`Unmappable` with the reason where no legal job or reachable state gives them.
     """
+    if test.port == chip.recirculation_port:
+        return _translate_second_pass(test, chip)
     model = SwitchModel(num_slots=NUM_SLOTS)
     entries = [e for e in test.entries if e[0] == ADMISSION]
     others = [e[0] for e in test.entries if e[0] != ADMISSION]
@@ -337,19 +432,13 @@ def translate(test: PtfTest, chip: Chip) -> Setup:
         raise Unmappable(f"entries in {sorted(set(others))}, which this harness does not translate")
     if len(entries) > 1:
         raise Unmappable("more than one admission entry")
-    if test.port == chip.recirculation_port:
-        raise Unmappable("sent in on the recirculation port, which the control plane puts in recirculation_ports")
     setup = Setup(model, None, None, None, None)
     if entries:
         _, key, action, data = entries[0]
         if action != "SaIngress.admission.admit":
             raise Unmappable(f"admission action {action}")
         rank, all_workers, bit = key["worker"], data["all_workers"], data["worker_bit"]
-        n = all_workers.bit_length()
-        if all_workers == 0 or all_workers != (1 << n) - 1 or rank >= n or bit != 1 << rank:
-            raise Unmappable(f"worker {rank} with worker_bit {bit:#x} and all_workers {all_workers:#x}: no job's rank")
-        if data["other_workers"] != all_workers & ~bit:
-            raise Unmappable(f"other_workers {data['other_workers']:#x} is not all_workers without the worker's bit")
+        n = _check_rank(rank, bit, data["other_workers"], all_workers)
         if not 0 < data["slot_count"] <= NUM_SLOTS - data["slot_base"]:
             raise Unmappable(f"slots {data['slot_base']}+{data['slot_count']} outside the pool of {NUM_SLOTS}")
         if data["job_index"] >= MAX_JOBS:
@@ -362,12 +451,62 @@ def translate(test: PtfTest, chip: Chip) -> Setup:
                        P4_VALUES_PER_PACKET, tuple(workers))
         model.add_job(job)
         setup = Setup(model, job, data["job_index"], (bit, data["other_workers"], all_workers), data["recirc_port"])
-    _set_registers(test, setup)
+    _set_registers(test, setup, FIRST_HALF)
     return setup
 
 
-def _set_registers(test: PtfTest, setup: Setup) -> None:
-    """The copies' state from the first half's registers (and the values), where the test gives them.
+def _translate_second_pass(test: PtfTest, chip: Chip) -> Setup:
+    """A second pass as the model's step it finishes: the worker's contribution, handled whole.
+
+    P4Testgen does not chain passes: it sends the recirculated packet itself (hdr.recirc, then the
+    contribution with its first half as the first pass left it) with the second half's registers.
+    The model keeps one state for both halves, which is what the halves hold without a loss
+    (aggregation.p4); so the copy's tag, workers and exponent are the second half's, the values' second
+    half the second half's registers, and the job one the recirculation header and the packet give:
+    rank ``worker`` of ``popcount(all_workers)`` at the packet's source address, with the slots from
+    ``cell - slot`` (any job holding that cell and slot does the same). The contribution fed to the model
+    is the packet behind the recirculation header; its first half is the first pass's result, which
+    the second pass carries unchanged, so the model's stored first half is chosen to give that result
+    back: a repeat reads the stored half (set to it), a fresh chunk writes the packet's and a new worker
+    adds it to a stored half of zeros.
+    """
+    if test.entries:
+        raise Unmappable(f"entries in {sorted({e[0] for e in test.entries})}: the second pass applies no table of the "
+                         "control plane's")
+    if len(test.packet) < RECIRC_SIZE + ETH_IP_UDP_SIZE + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET:
+        raise Unmappable("shorter than a recirculated contribution, which the first pass never sends")
+    recirc = Recirc.unpack(test.packet)
+    frame = test.packet[RECIRC_SIZE:]
+    h = _header_fields(frame[ETH_IP_UDP_SIZE:])
+    n = _check_rank(h["worker"], recirc.worker_bit, recirc.other_workers, recirc.all_workers)
+    if not h["slot"] <= recirc.cell < NUM_SLOTS:
+        raise Unmappable(f"cell {recirc.cell} for slot {h['slot']}: no job's slot in the pool")
+    if recirc.job_index >= MAX_JOBS:
+        raise Unmappable(f"job index {recirc.job_index} >= {MAX_JOBS}")
+    if recirc.ingress_port >= 1 << 9 or recirc.ingress_port == chip.recirculation_port:
+        raise Unmappable(f"came in on port {recirc.ingress_port}, not a host's")
+    workers = [_placeholder(r) for r in range(n)]
+    workers[h["worker"]] = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+    job = JobEntry(h["job"], h["generation"], h["key"], recirc.cell - h["slot"], h["slot"] + 1, P4_VALUES_PER_PACKET,
+                   tuple(workers))
+    model = SwitchModel(num_slots=NUM_SLOTS)
+    model.add_job(job)
+    bits = (recirc.worker_bit, recirc.other_workers, recirc.all_workers)
+    setup = Setup(model, job, recirc.job_index, bits, chip.recirculation_port, recirc)
+    _set_registers(test, setup, SECOND_HALF)
+    i = 2 * recirc.cell + (h["flags"] & 1)
+    repeat = model.tag[i] == h["generation"] << 32 | h["chunk"] and model.bitmap[i] & recirc.worker_bit
+    if model.values[i] is None:
+        model.values[i] = np.zeros(P4_VALUES_PER_PACKET, dtype=">i4")
+    start = ETH_IP_UDP_SIZE + HEADER_SIZE
+    first = np.frombuffer(frame[start:start + 4 * HALF], dtype=">i4")
+    model.values[i][:HALF] = first if repeat else 0
+    return setup
+
+
+def _set_registers(test: PtfTest, setup: Setup, half: tuple[str, str, str]) -> None:
+    """The copies' state from one half's registers (and the exponent's, and the values), where the test
+    gives them.
 
     A register P4Testgen gives no value for is one the path never reads; it is filled in so that the
     copy's state is one packets can leave (a run's generation in the tag means a worker counted). So is a
@@ -375,10 +514,11 @@ def _set_registers(test: PtfTest, setup: Setup) -> None:
     so P4Testgen gives 0 only where the path writes the bitmap without reading it (a fresh chunk).
     """
     model = setup.model
-    unknown = sorted(set(test.registers) - set(REGISTERS) - {r for r in test.registers if VALUES.match(r)})
+    known = {*half, EXPONENT} if setup.recirc else set(half)
+    unknown = sorted(set(test.registers) - known - {r for r in test.registers if VALUES.match(r)})
     if unknown:
         raise Unmappable(f"initial values of {unknown}, which the model has no state for")
-    gens, chunks, bitmaps = (test.registers.get(r, {}) for r in REGISTERS)
+    gens, chunks, bitmaps = (test.registers.get(r, {}) for r in half)
     for i in sorted(set(gens) | set(chunks) | set(bitmaps)):
         if i >= 2 * NUM_SLOTS:
             raise Unmappable(f"register index {i} outside the pool")
@@ -389,29 +529,33 @@ def _set_registers(test: PtfTest, setup: Setup) -> None:
         if setup.worker_bits and bitmap & ~setup.worker_bits[2]:
             raise Unmappable(f"copy {i}: workers {bitmap:#x}, not the job's")
         model.tag[i], model.bitmap[i], model.count[i] = gen << 32 | chunk, bitmap, bitmap.bit_count()
+    for i, value in test.registers.get(EXPONENT, {}).items():
+        model.exponent[i] = value - 256 if value & 0x80 else value  # int<8>
     for reg, cells in test.registers.items():
         m = VALUES.match(reg)
         if m is None:
             continue
         j = int(m.group(1))
         for index, value in cells.items():
-            i, half = index >> 1, index & 1
+            i, half_of = index >> 1, index & 1
             if model.values[i] is None:
                 model.values[i] = np.zeros(P4_VALUES_PER_PACKET, dtype=">i4")
-            model.values[i][HALF * half + j] = np.int64(value).astype(np.uint32).astype(np.int32)
+            model.values[i][HALF * half_of + j] = np.int64(value).astype(np.uint32).astype(np.int32)
 
 
 # ---- what the Tofino program must do, from the model ---------------------------------------------
 
 @dataclasses.dataclass
 class Expectation:
-    """What ``p4/tna`` must do with a packet: its output (port, bytes; none for a drop), the headers its
-    ingress deparser emits, its counters; and the documented difference applied, if any."""
+    """What ``p4/tna`` must do with a packet: its output (port, bytes; none for a drop or a multicast), the
+    multicast group its ingress sends it to (none: unicast or a drop), the headers its ingress deparser
+    emits, its counters; and the documented difference applied, if any."""
 
     out: list[tuple[int, bytes]]
     emits: list[dict[str, int]]
     counters: list[tuple[str, int, int]]
     difference: str | None = None
+    group: int | None = None
 
 
 def _deltas(model: SwitchModel, before: tuple[list[int], dict[int, list[int]]]) -> list[tuple[str, int]]:
@@ -476,14 +620,17 @@ def _owner_marked(frame: bytes) -> bool:
 def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
     """What ``p4/tna`` does with ``frame`` from ``port``, worked out from :meth:`SwitchModel.process_frame`.
 
-    The model handles a datagram whole; the Tofino program's first pass, which is what P4Testgen
-    reaches, ends a contribution that passed the tag by recirculating it (hdr.recirc in front, the
-    first half of the values as the model's copy now holds them) and counts ``contributions`` there
-    for a fresh chunk or a new worker; results and repeats are the second pass's. Where
+    The model handles a datagram whole; the Tofino program's first pass ends a contribution that
+    passed the tag by recirculating it (hdr.recirc in front, the first half of the values as the
+    model's copy now holds them) and counts ``contributions`` there for a fresh chunk or a new worker;
+    results and repeats are the second pass's (a packet that arrives with hdr.recirc:
+    :func:`_second_pass_expectation`). Where
     ``docs/tofino.md`` documents a difference (reduce-scatter's owner; a frame shorter than its
     datagram, of a length the parser does not read to its end), the documented behaviour is expected
     and the difference named.
     """
+    if setup.recirc is not None:
+        return _second_pass_expectation(setup, frame[RECIRC_SIZE:])
     model, job = setup.model, setup.job
     difference = None
     datagram = _datagram(frame)
@@ -523,6 +670,47 @@ def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
         out = _reply(frame, emit.payload()[:HEADER_SIZE])
         return Expectation([(port, out)], [bridge, *_frame_emits(out, None, False)], counters, difference)
     return Expectation([], [], counters, difference)
+
+
+def _second_pass_expectation(setup: Setup, frame: bytes) -> Expectation:
+    """What the second pass does with the contribution ``frame`` (behind hdr.recirc), from the model's
+    handling of it whole (:func:`_translate_second_pass` set the state).
+
+    The first pass counted ``contributions`` (the model counts it with the rest); the second counts the
+    outcome: the finished sum to the job's multicast group (job index + 1), the packet's headers kept
+    but the Ethernet source (the destination it was sent to) and the exponent (the maximum kept), the
+    bridge saying RESULT for egress, which makes each replica its worker's (``egress.p4``: addresses,
+    type, rank; so the model's replicas must differ in nothing else); a stored sum back to the sender
+    on the port it came in on (``hdr.recirc.ingress_port``), a reply as the first pass makes one;
+    ``duplicate_pending``, ``stale`` or, for a contribution counted into an unfinished sum, nothing, as
+    drops.
+    """
+    model, job, recirc = setup.model, setup.job, setup.recirc
+    before = (list(model.global_counters), {j: list(c) for j, c in model.job_counters.items()})
+    emits = model.process_frame(frame)
+    counters = [("global", 0, int(e)) if kind == "global" else ("job", setup.job_index, int(e))
+                for kind, e in _deltas(model, before) if kind == "global" or e != JobCounter.CONTRIBUTIONS]
+    h = _header_fields(frame[ETH_IP_UDP_SIZE:])
+    start = ETH_IP_UDP_SIZE + HEADER_SIZE
+    end = start + 4 * P4_VALUES_PER_PACKET
+    if ("job", setup.job_index, JobCounter.RESULTS_MULTICAST) in counters:
+        own = emits[h["worker"]]
+        for rank, (emit, dst) in enumerate(zip(emits, job.workers, strict=True)):
+            assert emit.dst == dst and emit.header == own.header._replace(worker=rank), (rank, emit, own)
+            assert np.array_equal(emit.values, own.values), f"replica {rank}'s values differ from the sender's"
+        header = own.header._replace(type=PacketType.CONTRIB).pack()
+        out = frame[:6] + frame[:6] + frame[12:ETH_IP_UDP_SIZE] + header + own.values.tobytes() + frame[end:]
+        bridge = {"kind": BRIDGE_RESULT, "ingress_port": setup.recirc_port}
+        return Expectation([], [bridge, *_frame_emits(out, None, True)], counters, group=recirc.job_index + 1)
+    if emits:
+        (emit,) = emits  # a repeat of a finished round: the stored sum back to its sender
+        src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+        assert emit.dst == src, f"the model answered {emit.dst}, not the sender {src}"
+        out = _reply(frame, emit.header.pack())
+        out = out[:start] + emit.values.tobytes() + out[end:]
+        bridge = {"kind": BRIDGE_NONE, "ingress_port": setup.recirc_port}
+        return Expectation([(recirc.ingress_port, out)], [bridge, *_frame_emits(out, None, True)], counters)
+    return Expectation([], [], counters)
 
 
 def _datagram(frame: bytes) -> tuple[int, int] | None:
@@ -566,16 +754,19 @@ def p4testgen_view(out: bytes) -> bytes:
 
 _EGRESS_PORT = re.compile(r"\*eg_intr_md\.egress_port = (\d+);")
 _EGRESS_BRIDGE = re.compile(r"hdr\.bridge\.kind = (0x[0-9A-F]+) \| hdr\.bridge\.ingress_port = (0x[0-9A-F]+)")
+_GROUP = re.compile(r"Computed: ig_tm_md\.mcast_grp_a = (\d+);")
+_DROP_CTL = "Computed: ig_dprsr_md.drop_ctl = 1;"
 
 
 @dataclasses.dataclass
 class Ingress:
-    """What P4Testgen's ingress did: dropped, or sent to a port; and whether its egress left the packet
-    as ingress sent it (see :func:`p4testgen_view`)."""
+    """What P4Testgen's ingress did: dropped, or sent to a port or a multicast group; and whether its
+    egress left the packet as ingress sent it (see :func:`p4testgen_view`)."""
 
     dropped: bool
     port: int | None
     egress_passes: bool
+    group: int | None
 
 
 def ingress_outcome(trace: str) -> Ingress:
@@ -584,6 +775,10 @@ def ingress_outcome(trace: str) -> Ingress:
     Its egress reads the bridge kind from the wrong bits (the last two of the ingress port and the first
     six of the Ethernet destination, the 17-bit ``@flexible`` header misplaced): where those read as
     RESULT or FLOOD, egress rewrites or drops a packet whose kind ingress set to NONE.
+
+    Its traffic manager has no replication engine: a packet ingress sends to a multicast group (and
+    does not drop) gets a taint egress port and is dropped. The group, as ingress computed it, is
+    read from the trace.
     """
     lines = [line.strip() for line in trace.splitlines()]
     check = next(i for i, line in enumerate(lines) if "*.check_tofino_drop()" in line)
@@ -591,10 +786,14 @@ def ingress_outcome(trace: str) -> Ingress:
     port = _EGRESS_PORT.search(trace)
     read = _EGRESS_BRIDGE.search("\n".join(lines[check:]))
     passes = read is not None and int(read.group(1), 16) not in (BRIDGE_FLOOD, BRIDGE_RESULT)
-    return Ingress(dropped, None if dropped or port is None else int(port.group(1)), passes)
+    ingress = "\n".join(lines[:check])
+    group = _GROUP.search(ingress)
+    multicast = None if group is None or _DROP_CTL in ingress else int(group.group(1))
+    return Ingress(dropped, None if dropped or port is None else int(port.group(1)), passes, multicast)
 
 
 EGRESS_MISREAD = "P4Testgen's egress read the bridge as a replica's or a flood's: its output packet not compared"
+NO_PRE = "multicast, which P4Testgen's model has no replication engine for: its replicas not compared"
 
 
 def compare(test: PtfTest, expect: Expectation) -> tuple[list[str], str | None]:
@@ -604,15 +803,18 @@ def compare(test: PtfTest, expect: Expectation) -> tuple[list[str], str | None]:
     The ingress pipeline's outcome (drop, or the port and every header field its deparser emits) and
     its counters come from the trace; the packet out, from the test's expectation, only where
     P4Testgen's egress read the bridge header that ingress wrote (else it may take a reply for a
-    multicast replica and drop it: docs/tofino.md).
+    multicast replica and drop it: docs/tofino.md). A multicast's group is compared, and its headers as
+    ingress emits them; its replicas are not there to compare (:func:`ingress_outcome`).
     """
     problems = []
     ingress = ingress_outcome(test.trace)
     want = [p for p, _ in expect.out]
     got = [] if ingress.dropped else [ingress.port]
-    if got != want:
+    if ingress.group != expect.group:
+        problems.append(f"ingress multicasts to group {ingress.group}, model {expect.group}")
+    elif expect.group is None and got != want:
         problems.append(f"ingress sends to {got or 'nothing'}, model {want or 'nothing'}")
-    elif expect.out:
+    elif expect.out or expect.group is not None:
         emitted = ingress_emits(test.trace)
         if len(emitted) != len(expect.emits):
             problems.append(f"headers emitted: P4Testgen {len(emitted)}, model {len(expect.emits)}")
@@ -633,7 +835,7 @@ def compare(test: PtfTest, expect: Expectation) -> tuple[list[str], str | None]:
     if not expect.out:
         if test.expected:
             problems.append(f"P4Testgen expects packets out of {[e.port for e in test.expected]}, model none")
-        return problems, None
+        return problems, None if expect.group is None else NO_PRE
     if not ingress.egress_passes:
         return problems, EGRESS_MISREAD
     if [e.port for e in test.expected] != want:
@@ -652,13 +854,16 @@ def compare(test: PtfTest, expect: Expectation) -> tuple[list[str], str | None]:
 
 @dataclasses.dataclass
 class Report:
-    """One chip's run: tests compared, classified out (with reasons), disagreements."""
+    """One chip's run: tests compared (and of them, the second pass's), classified out (with reasons),
+    disagreements."""
 
     chip: Chip
     generated: Generated
     total: int = 0
     compared: list[str] = dataclasses.field(default_factory=list)
     outputs: int = 0  # compared tests whose packet out was compared byte for byte
+    second_pass: list[str] = dataclasses.field(default_factory=list)  # compared, sent in on the recirculation port
+    second_outputs: int = 0  # of those, with their packet out compared byte for byte
     differences: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # compared with this said
     unmappable: dict[str, str] = dataclasses.field(default_factory=dict)
     disagreements: dict[str, list[str]] = dataclasses.field(default_factory=dict)
@@ -669,7 +874,8 @@ class Report:
             reasons[r.split(":")[0]] = reasons.get(r.split(":")[0], 0) + 1
         notes = {k: len(v) for k, v in self.differences.items()}
         return (f"{self.chip.value[0]}: {self.total} tests, {len(self.compared)} compared ({self.outputs} with their "
-                f"packet out byte for byte; {notes}), "
+                f"packet out byte for byte; {notes}), {len(self.second_pass)} of them second passes "
+                f"({self.second_outputs} with their packet out), "
                 f"{len(self.unmappable)} classified out {reasons}, {len(self.disagreements)} disagree; "
                 f"statement coverage {self.generated.coverage}")
 
@@ -691,6 +897,9 @@ def run(chip: Chip, generated: Generated) -> Report:
             continue
         report.compared.append(test.name)
         report.outputs += bool(expect.out) and partial is None
+        if setup.recirc is not None:
+            report.second_pass.append(test.name)
+            report.second_outputs += bool(expect.out) and partial is None
         for note in (expect.difference, partial):
             if note:
                 report.differences.setdefault(note, []).append(test.name)
