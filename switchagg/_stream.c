@@ -56,11 +56,37 @@ typedef struct {
     long delay_samples, losses_seen, losses, max_size;
 } Win;
 
-/* A doubly linked list of entries: each entry's neighbours, -1 at either end. */
+/* An entry's index in a list's links: entries are fewer than NONE (Stream_init; a chunk's id is 32 bits). */
+#define NONE UINT32_MAX
+
+/* A doubly linked list of entries, whose links live in the entries (Entry.link): its ends, NONE when empty. */
 typedef struct {
-    Py_ssize_t *prev, *next;
-    Py_ssize_t head, tail;
+    uint32_t head, tail;
 } List;
+enum { TIMERS, SENDS };  /* the lists: Entry.link's first index */
+enum { PREV, NEXT };     /* a neighbour: Entry.link's second index */
+
+/* What the call knows of entry t (the call round, then the data chunks), in one place: a packet's send, emit
+ * and result each touch a line or two of it, where a dozen arrays cost a line (and a prefetch stream) each.
+ * Only entries the schedule reached (t < next) hold anything (fill). */
+typedef struct {
+    double deadline;   /* its timer's: the timers list is in (deadline, t) order */
+    double last_send;
+    Py_ssize_t order;  /* its last send's place among the call's sends */
+    long retries;
+    uint32_t link[2][2];  /* its neighbours in the timers and sends lists (NONE at either end) */
+    uint16_t slot;     /* its slot and shadow copy (place) */
+    uint8_t copy;
+    uint8_t done, in_flight;
+    uint8_t state;     /* SENT, ASKED or WAITING (protocol.py) */
+    int8_t agreed;     /* the exponent its result carried: read only once it is done */
+} Entry;
+
+/* When an entry was first sent and first resent (or asked about): read only for a result of an entry
+ * resent, so written only by resends, apart from the entries every packet touches (send_entry). */
+typedef struct {
+    double first_send, resent_at;
+} Resend;
 
 /* Arena: the memory of a call's per-entry, per-chunk and per-slot arrays (one block) and of its
  * outbox, kept from one call to the next. A call of a 64 MiB tensor at K = 64 has 262k entries and
@@ -112,21 +138,19 @@ typedef struct {
      * sum that came back instead, which ends the call before any data goes (mismatch set). */
     unsigned char *call_row, *expect, *mismatch_row;
     int mismatch;
-    /* per entry t (call round, then data chunks); only entries t < next hold anything (place_next) */
-    uint8_t *done, *in_flight;
-    uint8_t *state;  /* SENT, ASKED or WAITING (protocol.py) */
-    int8_t *agreed;  /* the exponent each result carried: read only once the entry is done */
+    Entry *entries;    /* per entry t: the call round's, then the data chunks' */
+    Resend *resends;
     int marked;      /* some result carried EXP_NONFINITE (Reduction.marked) */
-    long *retries;
-    double *last_send, *first_send, *resent_at;  /* resent_at: its first resend */
-    Py_ssize_t *order;  /* its last send's place among the call's sends */
     Py_ssize_t next, n_done, n_in_flight, n_sends;
     /* The packets in flight twice over: by timer, in (deadline, t) order (Reduction's heap
      * order), and by their last send, oldest first (the order of Reduction._outstanding). */
-    double *deadline;
     List timers, sends;
-    uint16_t *slot_of;  /* per entry, once fill() reached it: its slot and shadow copy */
-    uint8_t *copy_of;
+    /* A contribution's header as every packet of the call has it (write_header fills in the rest), and
+     * the ids a result must carry as they lie in its header: bytes 2-5 (flags, worker, job) under
+     * ids_mask, which leaves the flags out, and bytes 12-19 (generation, key) */
+    unsigned char header[HEADER_SIZE];
+    uint32_t worker_job, ids_mask;
+    uint64_t generation_key;
     Py_ssize_t walk_slot, walk_round;  /* where fill()'s walk of the schedule is: the next data chunk's */
     /* RACK: the order and round trip of the latest-sent packet, sent once, whose result came back */
     Py_ssize_t rack_order;
@@ -319,20 +343,19 @@ static Py_ssize_t prev_of(const Stream *s, Py_ssize_t t) {
     return t - s->slots;
 }
 
-/* Entry s->next's slot and shadow copy (Reduction._slot_copy): data chunk d goes on slot d % slots,
+/* Entry s->next's slot and shadow copy (Reduction._slot_copy) into e: data chunk d goes on slot d % slots,
  * and each use of a slot flips its copy. fill() walks the schedule in order, so the division is kept
  * as a running slot and round, and each entry's place is stored for its emit and its result. */
-static void place_next(Stream *s) {
+static inline void place_next(Stream *s, Entry *e) {
     Py_ssize_t t = s->next;
-    s->done[t] = s->in_flight[t] = 0;  /* the arena's memory holds an earlier call's: t starts here */
     if (t < s->rounds) {
-        s->slot_of[t] = (uint16_t)t;
-        s->copy_of[t] = s->copy0[t] & 1;
+        e->slot = (uint16_t)t;
+        e->copy = s->copy0[t] & 1;
         return;
     }
     Py_ssize_t slot = s->walk_slot, use = s->walk_round + (slot < s->rounds);
-    s->slot_of[t] = (uint16_t)slot;
-    s->copy_of[t] = (uint8_t)((s->copy0[slot] + use) & 1);
+    e->slot = (uint16_t)slot;
+    e->copy = (uint8_t)((s->copy0[slot] + use) & 1);
     if (++s->walk_slot == s->slots) {
         s->walk_slot = 0;
         s->walk_round++;
@@ -341,7 +364,7 @@ static void place_next(Stream *s) {
 
 static int exponent_used(const Stream *s, Py_ssize_t t) {
     Py_ssize_t prev = prev_of(s, t);
-    return prev < 0 ? EXP_NONE : s->agreed[prev];
+    return prev < 0 ? EXP_NONE : s->entries[prev].agreed;
 }
 
 static int shift_for(const Stream *s, int exponent) {  /* codec.scale_shift */
@@ -392,51 +415,52 @@ static void *grow(void *items, Py_ssize_t *cap, size_t size) {
  * is sent, at now + the timeout, so it nearly always belongs at the end (found from the end in a
  * step or two), and a result takes it out in one step wherever it is. A heap costs a dozen
  * unpredictable steps for each, per packet, which at K = 64 was a fifth of a worker's CPU. */
-static int timer_before(const Stream *s, Py_ssize_t a, Py_ssize_t b) {  /* (deadline, t) order */
-    if (s->deadline[a] != s->deadline[b])
-        return s->deadline[a] < s->deadline[b];
+static inline int timer_before(const Entry *e, Py_ssize_t a, Py_ssize_t b) {  /* (deadline, t) order */
+    if (e[a].deadline != e[b].deadline)
+        return e[a].deadline < e[b].deadline;
     return a < b;  /* one timer per entry, so t decides */
 }
 
-/* Put t after entry `after` (-1: at the head). */
-static void list_insert(List *l, Py_ssize_t t, Py_ssize_t after) {
-    Py_ssize_t before = after >= 0 ? l->next[after] : l->head;
-    l->prev[t] = after;
-    l->next[t] = before;
-    if (after >= 0)
-        l->next[after] = t;
+/* Put t after entry `after` (NONE: at the head) in list `which`. */
+static inline void list_insert(Entry *e, List *l, int which, Py_ssize_t t, uint32_t after) {
+    uint32_t before = after != NONE ? e[after].link[which][NEXT] : l->head;
+    e[t].link[which][PREV] = after;
+    e[t].link[which][NEXT] = before;
+    if (after != NONE)
+        e[after].link[which][NEXT] = (uint32_t)t;
     else
-        l->head = t;
-    if (before >= 0)
-        l->prev[before] = t;
+        l->head = (uint32_t)t;
+    if (before != NONE)
+        e[before].link[which][PREV] = (uint32_t)t;
     else
-        l->tail = t;
+        l->tail = (uint32_t)t;
 }
 
-static void list_remove(List *l, Py_ssize_t t) {
-    Py_ssize_t a = l->prev[t], b = l->next[t];
-    if (a >= 0)
-        l->next[a] = b;
+static inline void list_remove(Entry *e, List *l, int which, Py_ssize_t t) {
+    uint32_t a = e[t].link[which][PREV], b = e[t].link[which][NEXT];
+    if (a != NONE)
+        e[a].link[which][NEXT] = b;
     else
         l->head = b;
-    if (b >= 0)
-        l->prev[b] = a;
+    if (b != NONE)
+        e[b].link[which][PREV] = a;
     else
         l->tail = a;
 }
 
 static void timer_set(Stream *s, Py_ssize_t t, double deadline) {
-    s->deadline[t] = deadline;
-    Py_ssize_t after = s->timers.tail;
-    while (after >= 0 && timer_before(s, t, after))
-        after = s->timers.prev[after];
-    list_insert(&s->timers, t, after);
+    Entry *e = s->entries;
+    e[t].deadline = deadline;
+    uint32_t after = s->timers.tail;
+    while (after != NONE && timer_before(e, t, after))
+        after = e[after].link[TIMERS][PREV];
+    list_insert(e, &s->timers, TIMERS, t, after);
 }
 
 /* A packet leaves flight (its result came) or is resent: out of both lists. */
-static void unlist(Stream *s, Py_ssize_t t) {
-    list_remove(&s->timers, t);
-    list_remove(&s->sends, t);
+static inline void unlist(Stream *s, Py_ssize_t t) {
+    list_remove(s->entries, &s->timers, TIMERS, t);
+    list_remove(s->entries, &s->sends, SENDS, t);
 }
 
 /* Why a packet is resent (protocol.LOST, PROBE, TIMEOUT), and what was last sent of an entry in flight
@@ -453,8 +477,8 @@ static double resend_wait(const Stream *s, long retries) {
     return dmin(s->w.max_rto, wait * ldexp(1.0, (int)backoff));
 }
 
-/* Reduction._send: entry t's contribution (SENT) or a QUERY about it (ASKED), `retries` times again. */
-static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state) {
+/* Entry t (~t: a QUERY about t) onto the end of the outbox; -1 when out of memory. */
+static inline int post(Stream *s, Py_ssize_t item) {
     if (s->out_head + s->out_len == s->out_cap) {
         if (s->out_head) {
             memmove(s->outbox, s->outbox + s->out_head, (size_t)s->out_len * sizeof(Py_ssize_t));
@@ -466,52 +490,84 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
             s->outbox = grown;
         }
     }
-    s->outbox[s->out_head + s->out_len++] = state == ASKED ? ~t : t;
-    if (!s->in_flight[t]) {
-        s->in_flight[t] = 1;
-        s->n_in_flight++;
-    }
-    s->first_send[t] = retries ? s->first_send[t] : now;
-    s->resent_at[t] = retries > 1 ? s->resent_at[t] : now;  /* its first resend (or query) */
-    s->state[t] = (uint8_t)state;
-    s->last_send[t] = now;
-    s->order[t] = s->n_sends++;
-    s->retries[t] = retries;
-    timer_set(s, t, now + (retries && s->started ? resend_wait(s, retries) : win_timeout_for(&s->w, retries)));
-    list_insert(&s->sends, t, s->sends.tail);
+    s->outbox[s->out_head + s->out_len++] = item;
     return 0;
 }
 
+/* Reduction._send of an entry sent before (retries >= 1: fill() sends each entry's first): its
+ * contribution again (SENT) or a QUERY about it (ASKED). */
+static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state) {
+    if (post(s, state == ASKED ? ~t : t) < 0)
+        return -1;
+    Entry *e = &s->entries[t];
+    if (!e->in_flight) {
+        e->in_flight = 1;
+        s->n_in_flight++;
+    }
+    if (!e->retries)  /* its first resend: last_send is still its first send's */
+        s->resends[t].first_send = e->last_send;
+    if (retries == 1)  /* its first resend (or query); a PENDING's answer may send it again at 1 */
+        s->resends[t].resent_at = now;
+    e->state = (uint8_t)state;
+    e->last_send = now;
+    e->order = s->n_sends++;
+    e->retries = retries;
+    timer_set(s, t, now + (s->started ? resend_wait(s, retries) : win_timeout_for(&s->w, retries)));
+    list_insert(s->entries, &s->sends, SENDS, t, s->sends.tail);
+    return 0;
+}
+
+/* Reduction._fill: each entry's first send, in schedule order, while the window and the schedule allow. */
 static int fill(Stream *s, double now) {
-    while (!s->mismatch && s->next < s->total && s->n_in_flight < win_size(&s->w)
-           && s->next - s->rounds < s->prepared) {
-        Py_ssize_t prev = prev_of(s, s->next);
-        if (prev >= 0 && !s->done[prev])
+    if (s->mismatch)
+        return 0;
+    /* what no send changes: how far the schedule may go, the window, and a first send's timer (every
+     * one the same: the timeout of no retries, from now) */
+    Py_ssize_t end = s->rounds + s->prepared < s->total ? s->rounds + s->prepared : s->total;
+    long window = win_size(&s->w);
+    double deadline = now + win_timeout_for(&s->w, 0);
+    Entry *entries = s->entries;
+    while (s->next < end && s->n_in_flight < window) {
+        Py_ssize_t t = s->next, prev = prev_of(s, t);
+        if (prev >= 0 && !entries[prev].done)
             break;
-        place_next(s);
-        if (send_entry(s, s->next, now, 0, SENT) < 0)
+        if (post(s, t) < 0)
             return -1;
+        Entry *e = &entries[t];
+        place_next(s, e);
+        e->done = 0;  /* the arena's memory holds an earlier call's: t starts here */
+        e->in_flight = 1;
+        e->state = SENT;
+        e->last_send = now;
+        e->order = s->n_sends++;
+        e->retries = 0;
+        s->n_in_flight++;
+        /* timer_set, for an entry after every other: (deadline, t) order is the deadline's alone */
+        e->deadline = deadline;
+        uint32_t after = s->timers.tail;
+        while (after != NONE && deadline < entries[after].deadline)
+            after = entries[after].link[TIMERS][PREV];
+        list_insert(entries, &s->timers, TIMERS, t, after);
+        list_insert(entries, &s->sends, SENDS, t, s->sends.tail);
         s->next++;
     }
     return 0;
 }
 
 /* Entry t's header: a CONTRIB proposing `proposal` with K values (a reduce-scatter's data chunk
- * marked with its owner), or a QUERY (no values, no owner). */
-static void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int type, int proposal) {
-    row[OFF_VERSION] = VERSION;
-    row[OFF_TYPE] = (unsigned char)type;
-    row[OFF_FLAGS] = s->copy_of[t];
-    row[OFF_WORKER] = s->worker;
-    put16(row + OFF_JOB, s->job);
-    put16(row + OFF_SLOT, s->slot_of[t]);
+ * marked with its owner), or a QUERY (no values, no owner). The fields every packet of the call has
+ * alike come from s->header, in three stores rather than a dozen. */
+static inline void write_header(const Stream *s, Py_ssize_t t, unsigned char *row, int type, int proposal) {
+    const Entry *e = &s->entries[t];
+    memcpy(row, s->header, HEADER_SIZE);
+    row[OFF_FLAGS] = e->copy;
+    put16(row + OFF_SLOT, e->slot);
     put32(row + OFF_CHUNK, (uint32_t)(s->first_id + (uint32_t)t));
-    put32(row + OFF_GENERATION, s->generation);
-    put32(row + OFF_KEY, s->key);
     row[OFF_EXPONENT] = (unsigned char)(int8_t)proposal;
-    row[OFF_OWNER] = 0;
-    put16(row + OFF_COUNT, type == TYPE_QUERY ? 0 : (uint16_t)s->k);
-    if (s->scatter && type == TYPE_CONTRIB && t >= s->rounds) {  /* an allreduce pays one test */
+    if (type == TYPE_QUERY) {
+        row[OFF_TYPE] = TYPE_QUERY;
+        put16(row + OFF_COUNT, 0);
+    } else if (s->scatter && t >= s->rounds) {  /* an allreduce pays one test */
         row[OFF_FLAGS] |= FLAG_OWNER;
         row[OFF_OWNER] = (unsigned char)owner_of(s, t);
     }
@@ -572,11 +628,12 @@ static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
             Py_ssize_t n_next, next = source_of(s, c, &n_next);
             if (e == EXP_NONFINITE) {  /* some rank's chunk held NaN or infinity: class codes, not values */
                 sa_encode_nonfinite(x, values, n, s->k);
-                s->proposals[c] = (int8_t)sa_propose((const float *)s->x.buf + next, n_next);
+                proposal = sa_propose((const float *)s->x.buf + next, n_next);
             } else {
-                s->proposals[c] = (int8_t)sa_quantize_propose(x, values, n, s->k, shift_for(s, e),
-                                                              (const float *)s->x.buf + next, n_next);
+                proposal = sa_quantize_propose(x, values, n, s->k, shift_for(s, e), (const float *)s->x.buf + next,
+                                               n_next);
             }
+            s->proposals[c] = (int8_t)proposal;
             s->proposed++;
         } else {  /* proposed before: by the caller (from memory: ask ahead), or in a send S before */
             prefetch_source(s, t - s->rounds + PREFETCH_CHUNKS);
@@ -584,8 +641,9 @@ static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
                 sa_encode_nonfinite(x, values, n, s->k);
             else
                 sa_quantize(x, values, n, s->k, shift_for(s, e));
+            if (c < s->n_chunks)
+                proposal = proposal_of(s, c);
         }
-        proposal = c < s->n_chunks ? proposal_of(s, c) : EXP_NONE;
     } else {
         const int32_t *x = (const int32_t *)s->x.buf + start;
         for (Py_ssize_t i = 0; i < n; i++)
@@ -649,38 +707,39 @@ static PyObject *Stream_emit(Stream *s, PyObject *args) {
 static int receive_pending(Stream *s, const unsigned char *p, double now) {
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation
-            || get16(p + OFF_COUNT) != 0 || t >= s->next || !s->in_flight[t] || s->state[t] != ASKED
-            || get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
-        return 0;  /* not ours, or not the answer it waits for */
+            || get16(p + OFF_COUNT) != 0 || t >= s->next)
+        return 0;  /* not ours */
+    Entry *e = &s->entries[t];
+    if (!e->in_flight || e->state != ASKED || get16(p + OFF_SLOT) != e->slot || (p[OFF_FLAGS] & FLAG_COPY) != e->copy)
+        return 0;  /* not the answer it waits for */
     uint32_t bitmap = get32(p + OFF_KEY);
-    long retries = s->retries[t];
+    long retries = e->retries;
     if (!(bitmap >> s->worker & 1) || bitmap == s->all) {
         unlist(s, t);
         s->retransmissions++;
         return send_entry(s, t, now, retries, SENT);
     }
     /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
-    s->state[t] = WAITING;
+    e->state = WAITING;
     unlist(s, t);
-    s->last_send[t] = now;
-    s->order[t] = s->n_sends++;
+    e->last_send = now;
+    e->order = s->n_sends++;
     /* before the job answered, as a resend waits then: the RTO, backing off (peers may be starting) */
     timer_set(s, t, now + (s->started ? resend_wait(s, retries) : win_timeout_for(&s->w, retries)));
-    list_insert(&s->sends, t, s->sends.tail);
+    list_insert(s->entries, &s->sends, SENDS, t, s->sends.tail);
     return 0;
 }
 
 /* Reduction._cap_tail: with at most EARLY_PROBE packets out, a packet resent (or asked about) before
  * waits no longer from its last send than resend_wait's tail rule allows now. */
 static void cap_tail(Stream *s) {
-    if (s->n_in_flight > EARLY_PROBE)
-        return;
-    for (Py_ssize_t u = s->sends.head; u >= 0; u = s->sends.next[u]) {
-        if (!s->retries[u])
+    Entry *e = s->entries;
+    for (uint32_t u = s->sends.head; u != NONE; u = e[u].link[SENDS][NEXT]) {
+        if (!e[u].retries)
             continue;
-        double due = s->last_send[u] + resend_wait(s, s->retries[u]);
-        if (due < s->deadline[u]) {
-            list_remove(&s->timers, u);
+        double due = e[u].last_send + resend_wait(s, e[u].retries);
+        if (due < e[u].deadline) {
+            list_remove(e, &s->timers, TIMERS, u);
             timer_set(s, u, due);
         }
     }
@@ -689,7 +748,7 @@ static void cap_tail(Stream *s) {
 /* Whether a RESULT of entry t carries what it must besides its ids (Reduction._shape): no owner and
  * K values where every rank receives the sum; a reduce-scatter's chunk's owner, and K values where this
  * rank owns it, none (a header) where another rank does. */
-static int result_fits(const Stream *s, const unsigned char *p, Py_ssize_t t) {
+static inline int result_fits(const Stream *s, const unsigned char *p, Py_ssize_t t) {
     uint32_t owner_count = get32(p + OFF_EXPONENT) & 0xFFFFFF;  /* the owner byte, then the count */
     int owner = owner_of(s, t);
     if (owner < 0)
@@ -697,77 +756,96 @@ static int result_fits(const Stream *s, const unsigned char *p, Py_ssize_t t) {
     return (p[OFF_FLAGS] & FLAG_OWNER) && owner_count == ((uint32_t)owner << 16 | (owner == s->worker ? (uint32_t)s->k : 0));
 }
 
+/* Whether header p carries this call's worker, job, generation and key: two loads against the call's
+ * own header (s->header) rather than a field at a time. */
+static inline int ids_match(const Stream *s, const unsigned char *p) {
+    uint32_t worker_job;
+    uint64_t generation_key;
+    memcpy(&worker_job, p + OFF_FLAGS, 4);
+    memcpy(&generation_key, p + OFF_GENERATION, 8);
+    return (worker_job & s->ids_mask) == s->worker_job && generation_key == s->generation_key;
+}
+
+/* A result's sums (values p[0, 4 K)) of data entry t into out. */
+static void take_sums(Stream *s, const unsigned char *p, Py_ssize_t t) {
+    Py_ssize_t d = t - s->rounds, n, start = target_of(s, d, &n);
+    if (s->staged) {  /* the caller dequantizes: the row as it came (its own, of a reduce-scatter's shard) */
+        int32_t *out = (int32_t *)s->out.buf + (s->scatter ? d % s->per_shard : d) * s->k;
+        for (Py_ssize_t i = 0; i < s->k; i++)
+            out[i] = (int32_t)get32(p + 4 * i);
+    } else if (s->floats) {
+        int exponent = exponent_used(s, t);
+        if (exponent == EXP_NONFINITE)
+            sa_decode_nonfinite(p, (float *)s->out.buf + start, n);
+        else
+            sa_dequantize(p, (float *)s->out.buf + start, n, shift_for(s, exponent));
+        if (d + PREFETCH_CHUNKS < s->n_chunks) {  /* results come mostly in order: the place of a later
+            * one, owned before its stores (which would stall on the read for it) */
+            Py_ssize_t n_later, later = target_of(s, d + PREFETCH_CHUNKS, &n_later);
+            sa_prefetch((float *)s->out.buf + later, 4 * n_later, 1);
+        }
+    } else {
+        int32_t *out = (int32_t *)s->out.buf + start;
+        for (Py_ssize_t i = 0; i < n; i++)
+            out[i] = (int32_t)get32(p + 4 * i);
+    }
+}
+
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
-    if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
-        return receive_pending(s, p, now);
-    if (length < HEADER_SIZE || p[OFF_TYPE] != TYPE_RESULT || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT))
+    if (length < HEADER_SIZE)
+        return 0;
+    if (p[OFF_TYPE] != TYPE_RESULT)
+        return length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING ? receive_pending(s, p, now) : 0;
+    if (length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT))
         return 0;
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
-    if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation || get32(p + OFF_KEY) != s->key
-            || t >= s->next || !s->in_flight[t])
+    if (!ids_match(s, p) || t >= s->next || !s->entries[t].in_flight)
         return 0;  /* a duplicate, a stale result, or not ours */
-    if (get16(p + OFF_SLOT) != s->slot_of[t] || (p[OFF_FLAGS] & FLAG_COPY) != s->copy_of[t])
+    Entry *e = &s->entries[t];
+    if (get16(p + OFF_SLOT) != e->slot || (p[OFF_FLAGS] & FLAG_COPY) != e->copy)
         return 0;
     if (!result_fits(s, p, t)) {  /* a switch's error: counted, never decoded; the packet stays out */
         s->protocol_errors++;
         return 0;
     }
-    s->in_flight[t] = 0;
+    e->in_flight = 0;
     s->n_in_flight--;
     unlist(s, t);
-    s->done[t] = 1;
+    e->done = 1;
     s->n_done++;
-    s->agreed[t] = (int8_t)p[OFF_EXPONENT];
-    s->marked |= s->agreed[t] == EXP_NONFINITE;
+    e->agreed = (int8_t)p[OFF_EXPONENT];
+    s->marked |= e->agreed == EXP_NONFINITE;
     if (t < s->rounds) {
         if (!s->mismatch && memcmp(p + HEADER_SIZE, s->expect, 4 * (size_t)s->k) != 0) {
             s->mismatch = 1;
             memcpy(s->mismatch_row, p + HEADER_SIZE, 4 * (size_t)s->k);
         }
     } else if (get16(p + OFF_COUNT)) {  /* a sum this rank receives (a reduce-scatter's others: a header) */
-        Py_ssize_t n, start = target_of(s, t - s->rounds, &n);
-        if (s->staged) {  /* the caller dequantizes: the row as it came (its own, of a reduce-scatter's shard) */
-            int32_t *out = (int32_t *)s->out.buf + (s->scatter ? (t - s->rounds) % s->per_shard : t - s->rounds) * s->k;
-            for (Py_ssize_t i = 0; i < s->k; i++)
-                out[i] = (int32_t)get32(p + HEADER_SIZE + 4 * i);
-        } else if (s->floats) {
-            int e = exponent_used(s, t);
-            if (e == EXP_NONFINITE)
-                sa_decode_nonfinite(p + HEADER_SIZE, (float *)s->out.buf + start, n);
-            else
-                sa_dequantize(p + HEADER_SIZE, (float *)s->out.buf + start, n, shift_for(s, e));
-            if (t - s->rounds + PREFETCH_CHUNKS < s->n_chunks) {  /* results come mostly in order: the
-                * place of a later one, owned before its stores (which would stall on the read for it) */
-                Py_ssize_t n_later, later = target_of(s, t - s->rounds + PREFETCH_CHUNKS, &n_later);
-                sa_prefetch((float *)s->out.buf + later, 4 * n_later, 1);
-            }
-        } else {
-            int32_t *out = (int32_t *)s->out.buf + start;
-            for (Py_ssize_t i = 0; i < n; i++)
-                out[i] = (int32_t)get32(p + HEADER_SIZE + 4 * i);
-        }
+        take_sums(s, p + HEADER_SIZE, t);
     }
-    double sent = s->last_send[t];
-    if (s->retries[t] == 0) {
+    double sent = e->last_send;
+    if (e->retries == 0) {
         win_on_result(&s->w, now - sent, now, sent >= s->first_result);
-        if (s->order[t] > s->rack_order) {
-            s->rack_order = s->order[t];
+        if (e->order > s->rack_order) {
+            s->rack_order = e->order;
             s->rack_rtt = now - sent;
         }
-    } else if (s->state[t] != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
+    } else if (e->state != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
+        double first_send = s->resends[t].first_send;
         win_undo(&s->w);
-        win_on_result(&s->w, now - s->first_send[t], now, s->first_send[t] >= s->first_result);
+        win_on_result(&s->w, now - first_send, now, first_send >= s->first_result);
     } else if (s->w.min_rtt < INFINITY) {  /* ambiguous: no round trip, but how long a resent packet waits */
-        win_on_resend_result(&s->w, now - s->resent_at[t]);  /* (before any round trip, mostly peers starting) */
+        win_on_resend_result(&s->w, now - s->resends[t].resent_at);  /* (before any round trip, mostly peers starting) */
     }
     s->last_progress = s->probe_from = now;
     s->first_result = dmin(s->first_result, now);
     if (s->probes) {  /* a silence ended: what was resent during it need not wait out its backoff */
         double due = now + resend_timeout(&s->w);
-        for (Py_ssize_t u = s->sends.head; u >= 0; u = s->sends.next[u]) {
-            if (s->retries[u] && s->deadline[u] > due) {
-                list_remove(&s->timers, u);
+        Entry *entries = s->entries;
+        for (uint32_t u = s->sends.head; u != NONE; u = entries[u].link[SENDS][NEXT]) {
+            if (entries[u].retries && entries[u].deadline > due) {
+                list_remove(entries, &s->timers, TIMERS, u);
                 timer_set(s, u, due);
             }
         }
@@ -777,7 +855,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     s->started = 1;
     if (fill(s, now) < 0)
         return -1;
-    cap_tail(s);
+    if (s->n_in_flight <= EARLY_PROBE)
+        cap_tail(s);
     return 1;
 }
 
@@ -838,31 +917,32 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* The packet to resend next, when, and why (Reduction._next_loss); -1 when none. */
 static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
-    Py_ssize_t oldest = s->sends.head, best = -1;
+    const Entry *e = s->entries;
+    uint32_t oldest = s->sends.head, best = NONE;
     *when = INFINITY;
-    if (oldest >= 0) {
-        if (s->order[oldest] < s->rack_order) {
+    if (oldest != NONE) {
+        if (e[oldest].order < s->rack_order) {
             best = oldest;
-            *when = s->last_send[oldest] + s->rack_rtt + s->w.min_rtt / 4;
+            *when = e[oldest].last_send + s->rack_rtt + s->w.min_rtt / 4;
             *why = LOST;
         } else if (s->started && (s->n_in_flight <= EARLY_PROBE || (s->n_done && s->n_in_flight < win_size(&s->w)))) {
-            Py_ssize_t newest = s->sends.tail;
-            while (newest >= 0 && s->retries[newest])
-                newest = s->sends.prev[newest];
-            if (newest >= 0) {
+            uint32_t newest = s->sends.tail;
+            while (newest != NONE && e[newest].retries)
+                newest = e[newest].link[SENDS][PREV];
+            if (newest != NONE) {
                 best = newest;
                 *when = s->probe_from + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
                 *why = PROBE;
             }
         }
     }
-    Py_ssize_t timer = s->timers.head;
-    if (timer >= 0 && (best < 0 || s->deadline[timer] < *when)) {
-        *when = s->deadline[timer];
+    uint32_t timer = s->timers.head;
+    if (timer != NONE && (best == NONE || e[timer].deadline < *when)) {
+        *when = e[timer].deadline;
         *why = TIMEOUT;
         return timer;
     }
-    return best;
+    return best == NONE ? -1 : (Py_ssize_t)best;
 }
 
 static PyObject *Stream_next_deadline(Stream *s, PyObject *Py_UNUSED(ignored)) {
@@ -897,17 +977,17 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
         if (why == PROBE) {  /* no sign of loss yet: the window stays */
             s->probes++;
             s->probe_from = now;
-        } else if (why == LOST || s->retries[t]) {  /* random loss, or a resent packet lost again */
+        } else if (why == LOST || s->entries[t].retries) {  /* random loss, or a resent packet lost again */
             s->w.losses++;  /* Window.on_loss */
         } else {  /* a packet sent once timed out */
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
                 Py_ssize_t lowest = 0;
-                while (!s->in_flight[lowest])
+                while (!s->entries[lowest].in_flight)
                     lowest++;
                 if (s->stalled || lowest != t) {
-                    list_remove(&s->timers, t);
+                    list_remove(s->entries, &s->timers, TIMERS, t);
                     timer_set(s, t, now + s->w.rto);
-                    if (s->stalled || s->retries[lowest])  /* the lowest has its own timer */
+                    if (s->stalled || s->entries[lowest].retries)  /* the lowest has its own timer */
                         continue;
                     t = lowest;
                 }
@@ -920,12 +1000,13 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
         changed = 1;
         /* ask the switch first, unless it said this worker's contribution is missing (and a lone
          * worker has no one else to blame) */
-        int ask = s->ask_first && s->n_workers > 1 && !(s->retries[t] && s->state[t] == SENT);
+        const Entry *e = &s->entries[t];
+        int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
         if (ask)
             s->queries++;
         else
             s->retransmissions++;
-        if (send_entry(s, t, now, s->retries[t] + 1, ask ? ASKED : SENT) < 0)
+        if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT) < 0)
             return PyErr_NoMemory();
     }
     s->window_changed |= changed;
@@ -937,10 +1018,10 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
 static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
     PyObject *list = unready(s) ? NULL : PyList_New(0);
     for (Py_ssize_t t = 0; list && t < s->next; t++) {
-        if (!s->in_flight[t])
+        if (!s->entries[t].in_flight)
             continue;
         PyObject *item = Py_BuildValue("(kii)", (unsigned long)(uint32_t)(s->first_id + (uint32_t)t),
-                                       (int)s->slot_of[t], (int)s->copy_of[t]);
+                                       (int)s->entries[t].slot, (int)s->entries[t].copy);
         if (item == NULL || PyList_Append(list, item) < 0)
             Py_CLEAR(list);
         Py_XDECREF(item);
@@ -977,22 +1058,8 @@ static size_t lay_out(Stream *s, unsigned char *block) {
             s->array = (void *)(block + at); \
         at += ((size_t)(count) * sizeof *s->array + 63) & ~(size_t)63; \
     } while (0)
-    CARVE(done, entries);
-    CARVE(in_flight, entries);
-    CARVE(state, entries);
-    CARVE(agreed, entries);
-    CARVE(copy_of, entries);
-    CARVE(slot_of, entries);
-    CARVE(retries, entries);
-    CARVE(last_send, entries);
-    CARVE(first_send, entries);
-    CARVE(resent_at, entries);
-    CARVE(order, entries);
-    CARVE(deadline, entries);
-    CARVE(timers.prev, entries);
-    CARVE(timers.next, entries);
-    CARVE(sends.prev, entries);
-    CARVE(sends.next, entries);
+    CARVE(entries, entries);
+    CARVE(resends, entries);
     CARVE(proposals, s->n_chunks + 1);
     CARVE(copy0, s->slots);
     CARVE(call_row, 4 * s->k);
@@ -1000,6 +1067,24 @@ static size_t lay_out(Stream *s, unsigned char *block) {
     CARVE(mismatch_row, 4 * s->k);
 #undef CARVE
     return at;
+}
+
+/* s->header, the fields every contribution of the call has alike (write_header), and the ids a result
+ * must carry, as loads of its header find them (ids_match). */
+static void write_call_header(Stream *s) {
+    unsigned char *h = s->header;
+    memset(h, 0, HEADER_SIZE);
+    h[OFF_VERSION] = VERSION;
+    h[OFF_TYPE] = TYPE_CONTRIB;
+    h[OFF_WORKER] = s->worker;
+    put16(h + OFF_JOB, s->job);
+    put32(h + OFF_GENERATION, s->generation);
+    put32(h + OFF_KEY, s->key);
+    put16(h + OFF_COUNT, (uint16_t)s->k);
+    const unsigned char mask[4] = {0, 0xff, 0xff, 0xff};  /* bytes 2-5: not the flags; worker, job */
+    memcpy(&s->ids_mask, mask, 4);
+    memcpy(&s->worker_job, h + OFF_FLAGS, 4);
+    memcpy(&s->generation_key, h + OFF_GENERATION, 8);
 }
 
 /* Borrow `given` for this call, or where there is none or another Stream holds it, a new Arena of the
@@ -1104,17 +1189,20 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4
             || !buffers_fit(s)
             || rounds != (!has_call ? 0 : n_chunks < 1 ? 1 : s->slots < n_chunks ? s->slots : n_chunks)
-            || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)) {
+            || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)
+            || s->total >= NONE) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
                         "of values_per_packet (a reduce-scatter's: x n_workers shards of `shard` values, out one, "
                         "n_chunks n_workers x ceil(shard / K); a staged call's: rows of K, x n_chunks, out those this "
                         "rank receives, and proposals), rounds = max(1, min(slots, n_chunks)) "
-                        "with a call round (call_row and expect K values each), else 0, and floats need one");
+                        "with a call round (call_row and expect K values each), else 0, floats need one, and "
+                        "there are fewer than 2^32 - 1 packets");
         goto done;
     }
     if (win_load(s) < 0 || borrow_arena(s, arena) < 0)
         goto done;
-    s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = -1;
+    s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = NONE;
+    write_call_header(s);
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
@@ -1223,7 +1311,7 @@ static PyObject *Stream_prepare(Stream *s, PyObject *args) {
  * Only entries the schedule reached (below next) hold anything (place_next). */
 static int agreed_yet(const Stream *s, Py_ssize_t d) {
     Py_ssize_t prev = prev_of(s, s->rounds + d);
-    return prev < 0 || (prev < s->next && s->done[prev]);
+    return prev < 0 || (prev < s->next && s->entries[prev].done);
 }
 
 static PyObject *Stream_agreed_upto(Stream *s, PyObject *Py_UNUSED(ignored)) {
@@ -1251,7 +1339,8 @@ static PyObject *Stream_exponents(Stream *s, PyObject *args) {
 static PyObject *Stream_summed_upto(Stream *s, PyObject *Py_UNUSED(ignored)) {
     if (unready(s))
         return NULL;
-    while (s->n_summed < s->n_chunks && s->rounds + s->n_summed < s->next && s->done[s->rounds + s->n_summed])
+    while (s->n_summed < s->n_chunks && s->rounds + s->n_summed < s->next
+           && s->entries[s->rounds + s->n_summed].done)
         s->n_summed++;
     return PyLong_FromSsize_t(s->n_summed);
 }
