@@ -237,7 +237,10 @@ AVX2 static uint32_t quantize_maxabs_avx2(const float *x, unsigned char *q, Py_s
     __m128i half = _mm_max_epi32(_mm256_castsi256_si128(best), _mm256_extracti128_si256(best, 1));
     half = _mm_max_epi32(half, _mm_shuffle_epi32(half, _MM_SHUFFLE(1, 0, 3, 2)));
     half = _mm_max_epi32(half, _mm_shuffle_epi32(half, _MM_SHUFFLE(2, 3, 0, 1)));
-    uint32_t lanes = (uint32_t)_mm_cvtsi128_si32(half), rest = maxabs_avx2(next + i, n_next - i);
+    uint32_t lanes = (uint32_t)_mm_cvtsi128_si32(half);
+    if (i == n_next)  /* a whole chunk's were all in the loop: no second reduction for none */
+        return lanes;
+    uint32_t rest = maxabs_avx2(next + i, n_next - i);
     return lanes > rest ? lanes : rest;
 }
 
@@ -253,7 +256,10 @@ AVX512 static uint32_t quantize_maxabs_avx512(const float *x, unsigned char *q, 
         _mm512_storeu_si512(q + 4 * i, swap32x16(_mm512_cvtps_epi32(v)));
     }
     quantize_avx512(x + i, q + 4 * i, n - i, first, second);
-    uint32_t lanes = (uint32_t)_mm512_reduce_max_epi32(best), rest = maxabs_avx512(next + i, n_next - i);
+    uint32_t lanes = (uint32_t)_mm512_reduce_max_epi32(best);
+    if (i == n_next)  /* a whole chunk's were all in the loop: no second reduction for none */
+        return lanes;
+    uint32_t rest = maxabs_avx512(next + i, n_next - i);
     return lanes > rest ? lanes : rest;
 }
 #else
@@ -272,7 +278,8 @@ void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size
 #endif
     for (; i < n; i++)
         store_u32(q + 4 * i, swap32((uint32_t)(int32_t)lrintf(x[i] * first * second)));
-    memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+    if (n < size)  /* as sa_quantize_propose's */
+        memset(q + 4 * n, 0, 4 * (size_t)(size - n));
 }
 
 void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift) {
@@ -313,7 +320,8 @@ int sa_quantize_propose(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize
         const float first = pow2f(shift);
         uint32_t best = path == PATH_AVX512 ? quantize_maxabs_avx512(x, q, n, first, 1.0f, next, n_next)
                                             : quantize_maxabs_avx2(x, q, n, first, 1.0f, next, n_next);
-        memset(q + 4 * n, 0, 4 * (size_t)(size - n));
+        if (n < size)  /* the last chunk's padding; every other packet's would be a call to clear nothing */
+            memset(q + 4 * n, 0, 4 * (size_t)(size - n));
         return exponent_of(best);
     }
 #endif
