@@ -145,6 +145,7 @@ typedef struct {
     /* The packets in flight twice over: by timer, in (deadline, t) order (Reduction's heap
      * order), and by their last send, oldest first (the order of Reduction._outstanding). */
     List timers, sends;
+    uint32_t fill_last;  /* the entry fill() last timed: where it seeks the next one's place from (NONE: none) */
     /* A contribution's header as every packet of the call has it (write_header fills in the rest), and
      * the ids a result must carry as they lie in its header: bytes 2-5 (flags, worker, job) under
      * ids_mask, which leaves the flags out, and bytes 12-19 (generation, key) */
@@ -542,12 +543,25 @@ static int fill(Stream *s, double now) {
         e->order = s->n_sends++;
         e->retries = 0;
         s->n_in_flight++;
-        /* timer_set, for an entry after every other: (deadline, t) order is the deadline's alone */
+        /* timer_set, for an entry after every other: (deadline, t) order is the deadline's alone. Its
+         * place is nearly always the end. Where it is not (the RTO fell since the timers at the end were
+         * set: a call's first results, whose new timers go before the whole first window's), the list
+         * is in that order, so the place is the same sought from anywhere in it: from the entry fill()
+         * timed last, where that is still out and before t, rather than back past every later one. */
         e->deadline = deadline;
-        uint32_t after = s->timers.tail;
-        while (after != NONE && deadline < entries[after].deadline)
-            after = entries[after].link[TIMERS][PREV];
+        uint32_t after = s->timers.tail, from = s->fill_last, later;
+        if (after != NONE && deadline < entries[after].deadline) {
+            if (from != NONE && entries[from].in_flight && deadline >= entries[from].deadline) {
+                for (after = from; (later = entries[after].link[TIMERS][NEXT]) != NONE
+                                   && entries[later].deadline <= deadline;)
+                    after = later;
+            } else {
+                while (after != NONE && deadline < entries[after].deadline)
+                    after = entries[after].link[TIMERS][PREV];
+            }
+        }
         list_insert(entries, &s->timers, TIMERS, t, after);
+        s->fill_last = (uint32_t)t;
         list_insert(entries, &s->sends, SENDS, t, s->sends.tail);
         s->next++;
     }
@@ -1201,7 +1215,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     }
     if (win_load(s) < 0 || borrow_arena(s, arena) < 0)
         goto done;
-    s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = NONE;
+    s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = s->fill_last = NONE;
     write_call_header(s);
     s->rack_order = -1;
     s->probe_from = now;
