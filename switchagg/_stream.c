@@ -75,7 +75,7 @@ typedef struct {
     Py_ssize_t order;  /* its last send's place among the call's sends */
     long retries;
     uint32_t link[2][2];  /* its neighbours in the timers and sends lists (NONE at either end) */
-    uint16_t slot;     /* its slot and shadow copy (place) */
+    uint16_t slot;     /* its slot and shadow copy (place_next) */
     uint8_t copy;
     uint8_t done, in_flight;
     uint8_t state;     /* SENT, ASKED or WAITING (protocol.py) */
