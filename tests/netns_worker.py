@@ -7,6 +7,8 @@ with the client's loss count and transport backend.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,19 +21,24 @@ def inputs(rank: int, round_: int, size: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(-2**20, 2**20, size).astype(np.int32))
 
 
-def main() -> None:
+def serve(round_: Callable[[Client, JobConfig, int, int, int], dict[str, Any]]) -> None:
+    """The command line ``CONFIG RANK OUT ROUNDS SIZE``: a client of CONFIG as RANK runs ``round_(client,
+    config, rank, r, size)`` for each round r, and OUT (.npz) gets what the rounds returned, the client's
+    loss count and its transport backend."""
     config, rank, out, rounds, size = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     cfg = JobConfig.from_file(config)
     results = {}
     with Client(cfg, rank, start_timeout=30, stall_timeout=8) as client:
         for r in range(rounds):
-            f, i = inputs(rank, r, size + r)
-            results[f"f{r}"] = client.allreduce(f)
-            results[f"i{r}"] = client.allreduce(i)
+            results.update(round_(client, cfg, rank, r, size))
         results["timeouts"] = np.array(client.window.losses)
         results["backend"] = np.array(client.backend)
     np.savez(out, **results)
 
 
+def allreduce_round(client: Client, cfg: JobConfig, rank: int, r: int, size: int) -> dict[str, Any]:
+    f, i = inputs(rank, r, size + r)
+    return {f"f{r}": client.allreduce(f), f"i{r}": client.allreduce(i)}
+
 if __name__ == "__main__":
-    main()
+    serve(allreduce_round)

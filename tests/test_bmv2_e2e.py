@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,23 @@ def allreduce_run(bed, path, out: Path) -> list[dict]:
     return [dict(np.load(out / f"{r}.npz")) for r in range(N)]
 
 
+def assert_same_under_loss(bed, clean: list[dict], run: Callable[[], list[dict]]) -> None:
+    """``run`` again with 5% loss and 5% duplication on every host (nftables): it must lose packets and
+    give every rank exactly what the clean run gave."""
+    for i in range(N):
+        nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
+    try:
+        lossy = run()
+    finally:
+        for i in range(N):
+            netns.sh("nft", "delete", "table", "ip", "sa", ns=bed.host(i), check=False)
+    assert sum(int(r["timeouts"]) for r in lossy) > 0
+    for r in range(N):
+        for key in clean[r]:
+            if key != "timeouts":
+                assert np.array_equal(clean[r][key], lossy[r][key]), key
+
+
 def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, tmp_path):
     _, path = job
     clean = allreduce_run(bed, path, tmp_path / "clean")
@@ -73,18 +91,7 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
             assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
     # A restart with no reset (the same installed generation): the new run joins a session of its own,
     # so the P4 program's copies of the last run serve it nothing (issue 27).
-    for i in range(N):
-        nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
-    try:
-        lossy = allreduce_run(bed, path, tmp_path / "lossy")
-    finally:
-        for i in range(N):
-            netns.sh("nft", "delete", "table", "ip", "sa", ns=bed.host(i), check=False)
-    assert sum(int(r["timeouts"]) for r in lossy) > 0
-    for r in range(N):
-        for key in clean[r]:
-            if key != "timeouts":
-                assert np.array_equal(clean[r][key], lossy[r][key]), key
+    assert_same_under_loss(bed, clean, lambda: allreduce_run(bed, path, tmp_path / "lossy"))
     status = subprocess.run([sys.executable, "-m", "switchagg", "status", "--target", "bmv2", "--config", str(path),
                              "--address", bed.grpc_addr], capture_output=True, text=True, env=ENV, timeout=60)
     assert status.returncode == 0, status.stderr
@@ -119,18 +126,7 @@ def test_reduce_scatter_through_bmv2_exact_even_with_loss_and_duplication(bed, j
                                atol=1e-6 * np.abs(floats).max())
     counted = bmv2.Bmv2Target(bed.grpc_addr).status(cfg.job_id).counters
     assert counted["results_to_owner"] > before["results_to_owner"] and counted["bad_owner"] == 0
-    for i in range(N):
-        nft_impair(bed.host(i), loss=5, dup=5, dup_to=bed.switch_ip)
-    try:
-        lossy = reduce_scatter_run(bed, path, tmp_path / "lossy")
-    finally:
-        for i in range(N):
-            netns.sh("nft", "delete", "table", "ip", "sa", ns=bed.host(i), check=False)
-    assert sum(int(r["timeouts"]) for r in lossy) > 0
-    for r in range(N):
-        for key in clean[r]:
-            if key != "timeouts":
-                assert np.array_equal(clean[r][key], lossy[r][key]), key
+    assert_same_under_loss(bed, clean, lambda: reduce_scatter_run(bed, path, tmp_path / "lossy"))
 
 
 def test_ddp_training_through_bmv2(bed, job, tmp_path):
