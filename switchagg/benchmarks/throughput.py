@@ -118,7 +118,7 @@ def _switchagg_worker(rank: int, queue, config_toml: str, numel: int, reps: int)
             stats["retransmissions"] = client.retransmissions
         k, n = cfg.values_per_packet, len(cfg.workers)
         # the codec's share, on the same bytes in the same process: as many times as there were calls
-        stats["codec"] = [codec_cpu(x, out, k, n, cfg.slot_count or default_slot_count(k)) for _ in range(reps)]
+        stats["codec"] = [codec_cpu(x, out, k, n, cfg.slot_count) for _ in range(reps)]
         queue.put((rank, "result", stats))
     except Exception:  # noqa: BLE001 - the parent reports it
         queue.put((rank, "error", traceback.format_exc()))
