@@ -45,6 +45,7 @@
 #define RESEND_DEVIATIONS 3
 #define MIN_PROBE 0.01
 #define MIN_PROBE_LOSSY 0.003
+#define LOSSY_RESULTS 1024
 #define EARLY_PROBE 4
 
 /* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
@@ -52,7 +53,7 @@ typedef struct {
     double cwnd, ssthresh, min_rto, max_rto, rto, srtt, rttvar, recovery_until, cwnd_before_loss, min_rtt,
         epoch_end, epoch_losses, delay_until, delay_min, recent_rtt, resend_wait, resend_dev;
     int has_srtt;  /* srtt is None until the first sample */
-    int lossy;
+    long since_loss;  /* results since the last loss, counted up to LOSSY_RESULTS (Window.lossy) */
     long delay_samples, losses_seen, losses, max_size;
 } Win;
 
@@ -183,7 +184,7 @@ static int unready(const Stream *s) {
  * tests/test_protocol.py holds to WindowState._fields): Window.state() gives it, Window.restore() takes it. */
 #define WINDOW_FIELDS "cwnd", "ssthresh", "min_rto", "max_rto", "rto", "srtt", "rttvar", "recovery_until", \
     "cwnd_before_loss", "min_rtt", "epoch_end", "epoch_losses", "delay_until", "delay_min", "delay_samples", \
-    "losses_seen", "lossy", "recent_rtt", "resend_wait", "resend_dev", "losses", "max_size"
+    "losses_seen", "since_loss", "recent_rtt", "resend_wait", "resend_dev", "losses", "max_size"
 
 static int win_load(Stream *s) {
     PyObject *state = PyObject_CallMethod(s->window, "state", NULL);
@@ -191,11 +192,11 @@ static int win_load(Stream *s) {
         return -1;
     Win *w = &s->w;
     PyObject *srtt;
-    int ok = PyArg_ParseTuple(state, "dddddOddddddddllpdddll;Window.state() must give a protocol.WindowState",
+    int ok = PyArg_ParseTuple(state, "dddddOddddddddllldddll;Window.state() must give a protocol.WindowState",
                               &w->cwnd, &w->ssthresh, &w->min_rto, &w->max_rto, &w->rto, &srtt, &w->rttvar,
                               &w->recovery_until, &w->cwnd_before_loss, &w->min_rtt, &w->epoch_end,
                               &w->epoch_losses, &w->delay_until, &w->delay_min, &w->delay_samples,
-                              &w->losses_seen, &w->lossy, &w->recent_rtt, &w->resend_wait, &w->resend_dev, &w->losses, &w->max_size);
+                              &w->losses_seen, &w->since_loss, &w->recent_rtt, &w->resend_wait, &w->resend_dev, &w->losses, &w->max_size);
     if (ok) {
         w->has_srtt = srtt != Py_None;
         w->srtt = w->has_srtt ? PyFloat_AsDouble(srtt) : 0.0;
@@ -207,10 +208,10 @@ static int win_load(Stream *s) {
 static int win_store(Stream *s) {
     const Win *w = &s->w;
     PyObject *srtt = w->has_srtt ? PyFloat_FromDouble(w->srtt) : Py_NewRef(Py_None);
-    PyObject *state = srtt ? Py_BuildValue("(dddddNddddddddllNdddll)", w->cwnd, w->ssthresh, w->min_rto, w->max_rto,
+    PyObject *state = srtt ? Py_BuildValue("(dddddNddddddddllldddll)", w->cwnd, w->ssthresh, w->min_rto, w->max_rto,
                                            w->rto, srtt, w->rttvar, w->recovery_until, w->cwnd_before_loss,
                                            w->min_rtt, w->epoch_end, w->epoch_losses, w->delay_until, w->delay_min,
-                                           w->delay_samples, w->losses_seen, PyBool_FromLong(w->lossy), w->recent_rtt, w->resend_wait, w->resend_dev,
+                                           w->delay_samples, w->losses_seen, w->since_loss, w->recent_rtt, w->resend_wait, w->resend_dev,
                                            w->losses, w->max_size) : NULL;
     if (state == NULL)
         return -1;
@@ -250,6 +251,8 @@ static void win_on_result(Win *w, double rtt, double now, int settled) {
         w->srtt = 0.875 * w->srtt + 0.125 * rtt;
     }
     w->min_rtt = dmin(w->min_rtt, rtt);
+    if (w->since_loss < LOSSY_RESULTS)
+        w->since_loss++;
     w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
     if (settled) {
         if (!w->delay_samples)  /* a round trip's results, from the first on */
@@ -264,7 +267,6 @@ static void win_on_result(Win *w, double rtt, double now, int settled) {
                                 : QUEUE_LIMIT;
             w->delay_min = INFINITY;
             w->delay_samples = 0;
-            w->lossy = lost > 0;
             w->losses_seen = w->losses;
             double queue = low - w->min_rtt - stood;
             if (queue > 0) {
@@ -280,6 +282,7 @@ static void win_on_result(Win *w, double rtt, double now, int settled) {
 
 static void win_on_timeout(Win *w, double now) {
     w->losses += 1;
+    w->since_loss = 0;
     if (now >= w->epoch_end) {
         w->epoch_end = now + (w->has_srtt && w->srtt != 0.0 ? w->srtt : w->rto);
         w->epoch_losses = 0;
@@ -310,7 +313,7 @@ static void win_on_resend_result(Win *w, double wait) {
 /* Window.probe_timeout */
 static double probe_timeout(const Win *w) {
     double rtt = w->recent_rtt < INFINITY ? w->recent_rtt : w->min_rtt < INFINITY ? w->min_rtt : 0.0;
-    return dmax(w->lossy ? MIN_PROBE_LOSSY : MIN_PROBE, 2 * rtt);
+    return dmax(w->since_loss < LOSSY_RESULTS ? MIN_PROBE_LOSSY : MIN_PROBE, 2 * rtt);
 }
 
 /* Window.resend_timeout */
@@ -471,10 +474,15 @@ enum { SENT, ASKED, WAITING };
 
 /* Reduction._resend_wait: how long a packet sent (or asked about) `retries` times again waits. */
 static double resend_wait(const Stream *s, long retries) {
-    long backoff = s->n_done && retries - 1 > BACKOFF_CAP ? BACKOFF_CAP : retries - 1;
+    long backoff = retries - 1;
     double wait = resend_timeout(&s->w);
-    if (s->n_in_flight <= EARLY_PROBE)  /* the call's tail: the queue it learned from has drained */
+    if (s->n_in_flight <= EARLY_PROBE) {  /* the call's tail: the queue it learned from has drained */
         wait = dmin(wait, tail_timeout(&s->w));
+        if (s->n_done)  /* and the second resend waits no longer than the first */
+            backoff = backoff > 0 ? backoff - 1 : 0;
+    }
+    if (s->n_done && backoff > BACKOFF_CAP)
+        backoff = BACKOFF_CAP;
     return dmin(s->w.max_rto, wait * ldexp(1.0, (int)backoff));
 }
 
@@ -993,6 +1001,7 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             s->probe_from = now;
         } else if (why == LOST || s->entries[t].retries) {  /* random loss, or a resent packet lost again */
             s->w.losses++;  /* Window.on_loss */
+            s->w.since_loss = 0;
         } else {  /* a packet sent once timed out */
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
                 Py_ssize_t lowest = 0;
@@ -1448,11 +1457,11 @@ int sa_add_stream_type(PyObject *module) {
                                    "FLAG_COPY", FLAG_COPY, "FLAG_OWNER", FLAG_OWNER, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
-    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
                                        "LOSS_QUEUE", LOSS_QUEUE,
                                        "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
                                        BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
-                                       "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY,
+                                       "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY, "LOSSY_RESULTS", LOSSY_RESULTS,
                                        "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS);
     int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0

@@ -320,12 +320,19 @@ class Reduction:
         that runs out, never a window. Once the call has results, the backoff is bounded, so that a
         packet lost twice does not wait a second on a live job. At the call's tail (at most
         :data:`EARLY_PROBE` packets out, this one among them) it waits no longer than
-        :attr:`Window.tail_timeout`.
+        :attr:`Window.tail_timeout`, and once the call has results its second resend no longer than
+        its first: there every peer waits on the few packets out, and a chunk that holds up the
+        schedule is one (its slot's next chunk waits for its result); a QUERY, its answer and the
+        resend it calls for lose one of three packets twice as often as a resend alone does.
         """
-        backoff = min(retries - 1, BACKOFF_CAP) if self.n_done else retries - 1
+        backoff = retries - 1
         wait = self.window.resend_timeout
         if len(self._outstanding) <= EARLY_PROBE:
             wait = min(wait, self.window.tail_timeout)
+            if self.n_done:
+                backoff = max(0, backoff - 1)
+        if self.n_done:
+            backoff = min(backoff, BACKOFF_CAP)
         return min(self.window.max_rto, wait * 2.0 ** backoff)
 
     def _send(self, t: int, now: float, retries: int, state: int = SENT) -> None:

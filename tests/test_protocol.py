@@ -291,6 +291,33 @@ def test_scattered_losses_never_collapse_the_window():
     assert win.cwnd == 64 and win.losses > 250
 
 
+def test_a_path_counts_as_lossy_for_many_round_trips_after_a_loss():
+    """The probe's floor drops to MIN_PROBE_LOSSY with a loss and stays down for LOSSY_RESULTS results:
+    at 1% loss most round trips of a short call lose nothing, and it must not rise back to the
+    lossless floor after each (a short call's lost tail then waits MIN_PROBE). A lossless stretch of
+    LOSSY_RESULTS results raises it again, and a timeout lowers it as a loss does."""
+    from switchagg.window import LOSSY_RESULTS, MIN_PROBE_LOSSY
+
+    win = Window(max_size=64, initial=64)
+    assert not win.lossy and win.probe_timeout == MIN_PROBE
+    now = 0.0
+    for i in range(3 * LOSSY_RESULTS):
+        now += 0.0001
+        win.on_result(0.0001, now)
+        if i % 100 == 0:  # 1% lost
+            win.on_loss()
+        assert win.lossy and win.probe_timeout == MIN_PROBE_LOSSY
+    win.on_loss()
+    for _ in range(LOSSY_RESULTS - 1):
+        now += 0.0001
+        win.on_result(0.0001, now)
+    assert win.lossy
+    win.on_result(0.0001, now + 0.0001)
+    assert not win.lossy and win.probe_timeout == MIN_PROBE
+    win.on_timeout(now)
+    assert win.lossy and win.probe_timeout == MIN_PROBE_LOSSY
+
+
 def test_the_window_stands_less_queue_the_more_the_path_loses():
     """Losses that RACK finds (a third of the packets, as 5% a hop costs 7 workers) leave the window
     alone while the round trips show no queue; a queue without loss up to QUEUE_LIMIT (a busy host's
@@ -313,7 +340,7 @@ def test_the_window_stands_less_queue_the_more_the_path_loses():
     now = results(win, now, 0.050, 100, settled=False)
     assert win.cwnd == 64
     now = results(win, now, 0.001 + QUEUE_LIMIT * 0.9, 200)
-    assert win.cwnd == 64 and not win.lossy  # a queue, but no loss
+    assert win.cwnd == 64  # a queue, but no loss
     queue = LOSS_QUEUE * 20  # what a path that loses one packet in twenty stands
     now = results(win, now, 0.001 + queue * 0.9, 200, loss_every=40)
     assert win.cwnd == 64  # one in forty: it stands twice that
@@ -489,7 +516,8 @@ def test_a_lost_last_packet_is_probed_before_its_timeout(impl):
 def test_at_a_calls_tail_a_resent_packet_waits_a_few_round_trips_not_what_a_queue_taught(impl):
     """resend_timeout learns its waits behind a window's queue (tens of ms on a busy host); at a call's
     tail, with at most EARLY_PROBE packets out, that queue has drained, so a resent packet goes again
-    after at most TAIL_RTTS shortest round trips (at least MIN_RESEND), doubling from there."""
+    after at most TAIL_RTTS shortest round trips (at least MIN_RESEND), and again after as long (every
+    peer waits on the few packets out: a loss of the resend is not yet congestion), doubling from there."""
     window = Window(8, initial=2)
     window.on_result(0.001, 0.0)  # the shortest round trip: 1 ms
     for _ in range(40):
@@ -503,9 +531,13 @@ def test_at_a_calls_tail_a_resent_packet_waits_a_few_round_trips_not_what_a_queu
     again = red.next_deadline()
     assert again == pytest.approx(probe + window.tail_timeout)
     red.tick(again)
-    send_and_answer(again, drop={1})  # lost a third time: the wait doubles
-    assert red.next_deadline() == pytest.approx(again + 2 * window.tail_timeout)
-    assert red.retransmissions == 2 and not red.done
+    send_and_answer(again, drop={1})  # lost a third time: the second resend's wait is the first's
+    third = red.next_deadline()
+    assert third == pytest.approx(again + window.tail_timeout)
+    red.tick(third)
+    send_and_answer(third, drop={1})  # lost a fourth time: the wait doubles
+    assert red.next_deadline() == pytest.approx(third + 2 * window.tail_timeout)
+    assert red.retransmissions == 3 and not red.done
 
 
 def test_a_packet_resent_while_a_window_was_out_waits_no_longer_than_the_tail_rule_once_it_holds_the_call_up(impl):
@@ -563,7 +595,9 @@ def test_after_a_silence_resent_packets_do_not_wait_out_their_backoff(impl):
     send_and_answer(now + 0.003)  # comes back; the other two, backed off as far, are still missing
     resent = red.retransmissions
     red.tick(now + 0.003 + red.window.resend_timeout)
-    assert red.window.resend_timeout < 0.01 and red.retransmissions == resent + 2
+    # and the chunk sent after that result is probed first where the path's probe floor is lower
+    probed = red.window.probe_timeout <= red.window.resend_timeout
+    assert red.window.resend_timeout < 0.01 and red.retransmissions == resent + 2 + probed
 
 
 def test_a_stall_after_results_costs_a_packet_per_rto_not_the_window(impl):
