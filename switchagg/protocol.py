@@ -655,7 +655,11 @@ def start_call(copies: np.ndarray, n_chunks: int, *, call_round: bool = True) ->
     s = len(copies)
     rounds = max(1, min(s, n_chunks)) if call_round else 0
     copy0 = copies.copy()
-    uses = np.bincount(np.arange(n_chunks) % s, minlength=s) + (np.arange(s) < rounds)
+    # data chunk d uses slot d % s: each slot q times, the first r once more (counted per slot, not
+    # per chunk: a 64 MiB call at K = 64 has 262k chunks, and arrays of them cost page faults)
+    q, r = divmod(n_chunks, s)
+    slot = np.arange(s)
+    uses = q + (slot < r) + (slot < rounds)
     copies[:] = (copies + uses) % 2
     return rounds, copy0
 

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from switchagg.benchmarks.throughput import codec_cpu, codec_speed, run_bench, udp_ceiling
+from switchagg.benchmarks.throughput import codec_cpu, codec_speed, copy_speed, run_bench, udp_ceiling
 from switchagg.benchmarks.training import run_training_bench
 from switchagg.transport import BATCHED_AVAILABLE
 
@@ -37,6 +37,12 @@ def test_bench_prints_both_ratios_per_k_with_the_first_ks_speed_ratio_last(capsy
                             line) for line in lines)
     assert any(re.fullmatch(r"ratio_vs_gloo_k1024=\d+\.\d{3}", line) for line in lines)
     assert any(re.fullmatch(r"switch_pps_per_core=\d+", line) for line in lines)
+    codec = re.compile(r"K=(\d+): .* quantize\+pack ([\d.]+) GB/s, unpack\+dequantize ([\d.]+) GB/s \(([\d.]+)x and "
+                       r"([\d.]+)x a plain copy's ([\d.]+) GB/s\); .*")
+    speeds = {int(m.group(1)): [float(g) for g in m.groups()[1:]] for m in map(codec.match, lines) if m}
+    assert sorted(speeds) == [64, 1024]
+    for enc, dec, enc_x, dec_x, copy in speeds.values():  # the ratios are the speeds over the copy's
+        assert enc_x == pytest.approx(enc / copy, abs=0.01) and dec_x == pytest.approx(dec / copy, abs=0.01)
     assert any(re.fullmatch(r"K=64: packets/s per worker \d+k out, \d+k in; pps_vs_gso_ceiling=\d+\.\d{3} .*", line)
                for line in lines)
     assert re.fullmatch(r"host_cpu_ratio_vs_gloo=\d+\.\d{3}", lines[-2])
@@ -56,6 +62,10 @@ def test_codec_cpu_times_the_codec_s_loops_over_every_window():
 def test_codec_speed_runs_every_packet_through_the_stream():
     enc, dec = codec_speed(64, 4, numel=1 << 16)
     assert enc > 0 and dec > 0
+
+
+def test_copy_speed_times_a_copy():
+    assert copy_speed(1 << 16) > 0
 
 
 @pytest.mark.skipif(not BATCHED_AVAILABLE, reason="the ceiling uses the Linux batch calls")

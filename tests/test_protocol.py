@@ -856,3 +856,24 @@ def test_a_long_run_crosses_the_chunk_ids_wrap_around_bit_exact(impl, dtype):
         assert a.tobytes() == b.tobytes()
     if dtype == np.int32:
         assert np.array_equal(plain[0], np.sum(xs, axis=0, dtype=np.int32))
+
+
+@pytest.mark.parametrize("slots", [1, 7, 1024])
+@pytest.mark.parametrize("n_chunks", [0, 1, 6, 7, 8, 1023, 1024, 1025, 5000])
+@pytest.mark.parametrize("call_round", [True, False])
+def test_start_call_flips_each_slot_s_copy_once_per_use(slots, n_chunks, call_round):
+    """A call uses slot s once in its call round (the first min(S, chunks) slots, at least one) and once
+    per data chunk d with d % S == s; each use flips the slot's shadow copy, so the next call starts
+    from the copies after all of them. Counted per chunk here, per slot in start_call."""
+    from switchagg.protocol import start_call
+
+    copies = np.random.default_rng(n_chunks * 31 + slots).integers(0, 2, slots).astype(np.int64)
+    before = copies.copy()
+    rounds, copy0 = start_call(copies, n_chunks, call_round=call_round)
+    assert rounds == (max(1, min(slots, n_chunks)) if call_round else 0)
+    flips = np.zeros(slots, np.int64)
+    for t in range(rounds):
+        flips[t] += 1
+    for d in range(n_chunks):
+        flips[d % slots] += 1
+    assert np.array_equal(copy0, before) and np.array_equal(copies, (before + flips) % 2)

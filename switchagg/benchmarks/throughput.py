@@ -230,6 +230,21 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
     return x.nbytes / enc / 1e9, x.nbytes / dec / 1e9
 
 
+def copy_speed(numel: int = 1 << 24) -> float:
+    """GB/s of a plain copy of as many float32 on one core (numpy's, into memory already faulted in),
+    the median of three: the memory speed the codec's figures are read against, measured in the same
+    run (the same box's copy ran at 10-13 GB/s from one day to the next)."""
+    x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+    out = np.empty_like(x)
+    np.copyto(out, x)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        np.copyto(out, x)
+        times.append(time.perf_counter() - t)
+    return x.nbytes / statistics.median(times) / 1e9
+
+
 def udp_ceiling(size: int, *, segmentation: bool | None = None, seconds: float = 1.0) -> float:
     """Datagrams of ``size`` bytes per second that one tight sender moves to one receiver on loopback.
 
@@ -399,13 +414,15 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
     if bar is not None:
         bar.close()
     ceilings = {}
+    copy = copy_speed()
     for k in ks:
         size = datagram_size(k)
         gso, plain = udp_ceiling(size), udp_ceiling(size, segmentation=False)
         ceilings[k] = gso
         enc, dec = codec_speed(k, workers)
         print(f"K={k}: {slot_counts[k]} slots, transport {runs[k][-1]['backend']}; codec through the worker's "
-              f"stream (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s; one sender to "
+              f"stream (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s "
+              f"({enc / copy:.2f}x and {dec / copy:.2f}x a plain copy's {copy:.2f} GB/s); one sender to "
               f"one receiver, {size}-byte datagrams: {gso / 1e3:.0f}k/s with GSO/GRO, {plain / 1e3:.0f}k/s with "
               f"sendmmsg/recvmmsg")
     for k in ks[::-1]:  # the first K's figures last
