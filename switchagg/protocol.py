@@ -322,8 +322,9 @@ class Reduction:
         :data:`EARLY_PROBE` packets out, this one among them) it waits no longer than
         :attr:`Window.tail_timeout`, and once the call has results its second resend no longer than
         its first: there every peer waits on the few packets out, and a chunk that holds up the
-        schedule is one (its slot's next chunk waits for its result); a QUERY, its answer and the
-        resend it calls for lose one of three packets twice as often as a resend alone does.
+        schedule is one (its slot's next chunk waits for its result); a recovery by QUERY is four
+        packets (the QUERY, its PENDING, the resend, the result) where a resend's is two, so it
+        meets a second loss about twice as often.
         """
         backoff = retries - 1
         wait = self.window.resend_timeout
