@@ -184,7 +184,7 @@ static PyObject *os_error(int err) {
 }
 
 PyDoc_STRVAR(send_doc,
-"send(fd, buf, offsets, lengths, names, n, max_segments, body_offsets=None, body_lengths=None)\n"
+"send(fd, buf, offsets, lengths, names, n, max_segments, body_offsets=None, body_lengths=None, max_length=0)\n"
 "    -> (sent, refused, calls, gso_errno, nbytes)\n\n"
 "Send packets 0..n-1: packet i is lengths[i] bytes at buf[offsets[i]:] (uint32 arrays), followed,\n"
 "where body arrays are given, by body_lengths[i] bytes at buf[body_offsets[i]:] (a body several\n"
@@ -193,15 +193,16 @@ PyDoc_STRVAR(send_doc,
 "to the connected peer when names is None. With max_segments > 1 the packets go out grouped by\n"
 "destination, each run of equal-sized packets as one segmented message. What the kernel refuses is\n"
 "counted in refused, not raised; if it refuses segmentation, the rest goes out plainly and gso_errno\n"
-"says why (else 0). nbytes: the n packets' bytes, parts together (refused ones too).");
+"says why (else 0). nbytes: the n packets' bytes, parts together (refused ones too). A packet\n"
+"longer than max_length (parts together; 0: no limit) is refused as one outside buf: nothing is sent.");
 
 static PyObject *udp_send(PyObject *self, PyObject *args) {
     int fd;
     long max_segments;
-    Py_ssize_t n;
+    Py_ssize_t n, max_length = 0;
     PyObject *buf_obj, *off_obj, *len_obj, *names_obj, *body_off_obj = Py_None, *body_len_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "iOOOOnl|OO", &fd, &buf_obj, &off_obj, &len_obj, &names_obj, &n, &max_segments,
-                          &body_off_obj, &body_len_obj))
+    if (!PyArg_ParseTuple(args, "iOOOOnl|OOn", &fd, &buf_obj, &off_obj, &len_obj, &names_obj, &n, &max_segments,
+                          &body_off_obj, &body_len_obj, &max_length))
         return NULL;
     PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
     Py_buffer v[4] = {{0}}, buf, off, len, names, body_off = {0}, body_len = {0};
@@ -230,14 +231,17 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     b.names = names_obj == Py_None ? NULL : names.buf;
     b.body_offsets = body_off_obj == Py_None ? NULL : body_off.buf;
     b.body_lengths = body_off_obj == Py_None ? NULL : body_len.buf;
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t body = b.body_lengths ? b.body_lengths[i] : 0;
         if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len
-                || (b.body_offsets && (size_t)b.body_offsets[i] + b.body_lengths[i] > (size_t)buf.len)) {
-            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %u at %u) lies outside the "
-                         "buffer", i, b.lengths[i], b.offsets[i], b.body_lengths ? b.body_lengths[i] : 0,
-                         b.body_offsets ? b.body_offsets[i] : 0);
+                || (b.body_offsets && (size_t)b.body_offsets[i] + body > (size_t)buf.len)
+                || (max_length > 0 && b.lengths[i] + body > (size_t)max_length)) {
+            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %zu at %u) lies outside the "
+                         "buffer or is longer than %zd bytes", i, b.lengths[i], b.offsets[i], body,
+                         b.body_offsets ? b.body_offsets[i] : 0, max_length);
             goto done;
         }
+    }
     b.order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
     b.iov = malloc(sizeof(struct iovec) * 2 * (size_t)(n + 1));
     b.iov_at = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
@@ -323,11 +327,12 @@ static int segment_size(struct msghdr *h) {
 }
 
 PyDoc_STRVAR(recv_doc,
-"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors)\n\n"
+"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors, nbytes)\n\n"
 "Receive up to ``messages`` messages without waiting, message j into buf[j * stride:], and split each\n"
 "by the segment size the kernel reports (UDP_GRO): datagram i is lengths[i] bytes at buf[offsets[i]:],\n"
 "from the sockaddr_in in row i of names (None: not wanted). Datagrams beyond the room of offsets are\n"
-"dropped and counted; errors counts ICMP errors the kernel reported instead of data.");
+"dropped and counted; errors counts ICMP errors the kernel reported instead of data. nbytes: the\n"
+"datagrams' bytes (the caller's counters, without a pass of its own over lengths).");
 
 static PyObject *udp_recv(PyObject *self, PyObject *args) {
     int fd, vlen;
@@ -355,7 +360,7 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
     unsigned char from[RECV_VLEN][NAME];
     uint32_t *offsets = off.buf, *lengths = len.buf;
     unsigned char *out_names = names_obj == Py_None ? NULL : names.buf;
-    long long datagrams = 0, dropped = 0, errors = 0;
+    long long datagrams = 0, dropped = 0, errors = 0, nbytes = 0;
     int got = 0, fatal = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int j = 0; j < vlen; j++) {
@@ -399,13 +404,14 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
             Py_ssize_t at = s * segment;
             offsets[datagrams] = (uint32_t)(j * stride + at);
             lengths[datagrams] = (uint32_t)(size - at < segment ? size - at : segment);
+            nbytes += lengths[datagrams];
             if (out_names != NULL)
                 memcpy(out_names + datagrams * NAME, from[j], NAME);
             datagrams++;
         }
     }
     Py_END_ALLOW_THREADS
-    result = fatal ? os_error(fatal) : Py_BuildValue("LiLL", datagrams, got, dropped, errors);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LiLLL", datagrams, got, dropped, errors, nbytes);
 done:
     release_batch(v);
     return result;

@@ -117,6 +117,26 @@ def test_rows_written_in_place_go_out_as_written_between_ordinary_sends(batched)
 
 
 @pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_send_rows_refuses_a_length_past_max_datagram_and_sends_nothing(batched):
+    """Rows sent at the lengths in out_lengths (the client's path) are held to max_datagram as one of a
+    given size is: a ValueError before anything leaves, and the counters count nothing."""
+    with UdpSocket(("127.0.0.1", 0), batched=batched) as rx, \
+            UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched, max_datagram=64) as tx:
+        tx.out_lengths[:3] = [64, 65, 10]
+        with pytest.raises(ValueError, match="longer than 64 bytes"):
+            tx.send_rows(3)
+        with pytest.raises(ValueError, match="max_datagram"):
+            tx.send_rows(1, 65)
+        assert tx.stats.sent == tx.stats.bytes_sent == 0
+        tx.out_lengths[:3] = [64, 1, 10]
+        assert tx.send_rows(3) == 0 and tx.stats.sent == 3 and tx.stats.bytes_sent == 75
+        got, deadline = [], time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += [len(v) for v, _ in rx.recv(0.5)]
+        assert got == [64, 1, 10] and rx.stats.received == 3 and rx.stats.bytes_received == 75
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
 def test_recv_packets_describes_each_datagram_by_offset_and_length(batched):
     with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as rx, \
             UdpSocket(("127.0.0.1", 0), peer=rx.address, batched=batched) as tx:
