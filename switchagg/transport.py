@@ -325,15 +325,10 @@ class UdpSocket:
 
         Datagram i is then :attr:`in_lengths` [i] bytes at :attr:`in_buf` [:attr:`in_offsets` [i]:],
         and on an unconnected socket its source, a sockaddr_in, is row i of :attr:`in_names`.
-        Returns how many; the next call overwrites them. What is already waiting is taken without a
-        poll first: a busy worker finds a batch at nearly every turn of its loop.
+        Returns how many; the next call overwrites them.
         """
-        got = self._recv_waiting()
-        if got or timeout <= 0 or not self.wait(timeout):
-            return got
-        return self._recv_waiting()
-
-    def _recv_waiting(self) -> int:
+        if timeout > 0 and not self.wait(timeout):
+            return 0
         if not self.batched:
             return self._recv_plain()
         names = None if self.peer is not None else self.in_names
