@@ -231,16 +231,18 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     b.names = names_obj == Py_None ? NULL : names.buf;
     b.body_offsets = body_off_obj == Py_None ? NULL : body_off.buf;
     b.body_lengths = body_off_obj == Py_None ? NULL : body_len.buf;
+    long long nbytes = 0;  /* the packets' bytes, summed in the walk that checks them */
     for (Py_ssize_t i = 0; i < n; i++) {
-        size_t body = b.body_lengths ? b.body_lengths[i] : 0;
+        size_t size = packet_size(&b, i), body = size - b.lengths[i];
         if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len
                 || (b.body_offsets && (size_t)b.body_offsets[i] + body > (size_t)buf.len)
-                || (max_length > 0 && b.lengths[i] + body > (size_t)max_length)) {
+                || (max_length > 0 && size > (size_t)max_length)) {
             PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %zu at %u) lies outside the "
                          "buffer or is longer than %zd bytes", i, b.lengths[i], b.offsets[i], body,
                          b.body_offsets ? b.body_offsets[i] : 0, max_length);
             goto done;
         }
+        nbytes += (long long)size;
     }
     b.order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
     b.iov = malloc(sizeof(struct iovec) * 2 * (size_t)(n + 1));
@@ -252,7 +254,7 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    long long sent = 0, refused = 0, calls = 0, nbytes = 0;
+    long long sent = 0, refused = 0, calls = 0;
     int gso_errno = 0, fatal = 0;
     Py_BEGIN_ALLOW_THREADS
     group(&b);
@@ -268,8 +270,6 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
         }
     }
     b.iov_at[n] = parts;
-    for (Py_ssize_t p = 0; p < n; p++)
-        nbytes += (long long)packet_size(&b, p);
     Py_ssize_t count = lay_out(&b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
     while (m < count) {
         calls++;

@@ -286,9 +286,10 @@ class UdpSocket:
         return refused + self.send_packets(n)
 
     def _send_plain(self, n: int, bodies: bool, max_length: int) -> int:
-        lengths = self.out_lengths[:n] + (self.out_body_lengths[:n] if bodies else 0)
-        if max_length > 0 and int(lengths.max(initial=0)) > max_length:
-            raise ValueError(f"send: a packet is longer than {max_length} bytes")
+        if max_length > 0:
+            lengths = self.out_lengths[:n] + (self.out_body_lengths[:n] if bodies else 0)
+            if int(lengths.max(initial=0)) > max_length:
+                raise ValueError(f"send: a packet is longer than {max_length} bytes")
         refused = 0
         view = memoryview(self.out_buf)
         for i in range(n):

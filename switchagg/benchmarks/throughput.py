@@ -233,7 +233,7 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
 def copy_speed(numel: int = 1 << 24) -> float:
     """GB/s of a plain copy of as many float32 on one core (numpy's, into memory already faulted in),
     the median of three: the memory speed the codec's figures are read against, measured in the same
-    run (the same box's copy ran at 10-13 GB/s from one day to the next)."""
+    run (the same box's copy ran at 9-14 GB/s from hour to hour)."""
     x = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
     out = np.empty_like(x)
     np.copyto(out, x)
