@@ -28,7 +28,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #ifndef SOL_UDP
 #define SOL_UDP 17
@@ -183,6 +185,98 @@ static PyObject *os_error(int err) {
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+/* The bytes of b's n packets, summed in the walk that checks that each lies within the buffer's len bytes
+ * and is at most max_length long (0: no limit); -1 with a ValueError when one is not. */
+static long long checked_bytes(const Batch *b, Py_ssize_t len, Py_ssize_t max_length) {
+    long long nbytes = 0;
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        size_t size = packet_size(b, i), body = size - b->lengths[i];
+        if ((size_t)b->offsets[i] + b->lengths[i] > (size_t)len
+                || (b->body_offsets && (size_t)b->body_offsets[i] + body > (size_t)len)
+                || (max_length > 0 && size > (size_t)max_length)) {
+            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %zu at %u) lies outside the "
+                         "buffer or is longer than %zd bytes", i, b->lengths[i], b->offsets[i], body,
+                         b->body_offsets ? b->body_offsets[i] : 0, max_length);
+            return -1;
+        }
+        nbytes += (long long)size;
+    }
+    return nbytes;
+}
+
+/* What sends did: datagrams sent, and refused (lost); system calls; the errno for which the kernel
+ * refused segmentation (0: it did not). */
+typedef struct {
+    long long sent, refused, calls;
+    int gso_errno;
+} SendCounts;
+
+/* Send b's packets (already checked against their buffer), grouped and segmented as send() describes,
+ * adding to c; called with the GIL, which it releases around the system calls. Returns 0, the errno
+ * that broke the socket, or -1 when out of memory (no exception set: the caller raises). */
+static int send_batch(int fd, Batch *b, long max_segments, SendCounts *c) {
+    Py_ssize_t n = b->n;
+    int fatal = 0;
+    b->order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
+    b->iov = malloc(sizeof(struct iovec) * 2 * (size_t)(n + 1));
+    b->iov_at = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
+    b->msgs = malloc(sizeof(struct mmsghdr) * (size_t)(n + 1));
+    b->cmsgs = malloc(sizeof(SegmentCmsg) * (size_t)(n + 1));
+    b->first = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
+    if (!b->order || !b->iov || !b->iov_at || !b->msgs || !b->cmsgs || !b->first) {
+        fatal = -1;
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    group(b);
+    Py_ssize_t parts = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t p = b->order[k];
+        b->iov_at[k] = parts;
+        b->iov[parts].iov_base = (void *)(b->buf + b->offsets[p]);
+        b->iov[parts++].iov_len = b->lengths[p];
+        if (b->body_lengths && b->body_lengths[p]) {
+            b->iov[parts].iov_base = (void *)(b->buf + b->body_offsets[p]);
+            b->iov[parts++].iov_len = b->body_lengths[p];
+        }
+    }
+    b->iov_at[n] = parts;
+    Py_ssize_t count = lay_out(b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
+    while (m < count) {
+        c->calls++;
+        int vlen = count - m < MAX_VLEN ? (int)(count - m) : MAX_VLEN;
+        int done = sendmmsg(fd, &b->msgs[m], (unsigned)vlen, 0);
+        if (done > 0) {
+            for (int j = 0; j < done; j++)
+                c->sent += b->first[m + j + 1] - b->first[m + j];
+            m += done;
+            continue;
+        }
+        int err = done == 0 ? EAGAIN : errno;  /* nothing sent and no error: take it as a full queue */
+        if (err == EINTR)
+            continue;
+        if (b->msgs[m].msg_hdr.msg_controllen && gso_refused(err)) {
+            c->gso_errno = err;  /* from here on, one datagram a message */
+            count = m + lay_out(b, b->first[m], m, 1);
+        } else if (transient(err)) {
+            c->refused += b->first[m + 1] - b->first[m];
+            m++;
+        } else {
+            fatal = err;
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+done:
+    free(b->order);
+    free(b->iov);
+    free(b->msgs);
+    free(b->cmsgs);
+    free(b->first);
+    free(b->iov_at);
+    return fatal;
+}
+
 PyDoc_STRVAR(send_doc,
 "send(fd, buf, offsets, lengths, names, n, max_segments, body_offsets=None, body_lengths=None, max_length=0)\n"
 "    -> (sent, refused, calls, gso_errno, nbytes)\n\n"
@@ -231,79 +325,17 @@ static PyObject *udp_send(PyObject *self, PyObject *args) {
     b.names = names_obj == Py_None ? NULL : names.buf;
     b.body_offsets = body_off_obj == Py_None ? NULL : body_off.buf;
     b.body_lengths = body_off_obj == Py_None ? NULL : body_len.buf;
-    long long nbytes = 0;  /* the packets' bytes, summed in the walk that checks them */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t size = packet_size(&b, i), body = size - b.lengths[i];
-        if ((size_t)b.offsets[i] + b.lengths[i] > (size_t)buf.len
-                || (b.body_offsets && (size_t)b.body_offsets[i] + body > (size_t)buf.len)
-                || (max_length > 0 && size > (size_t)max_length)) {
-            PyErr_Format(PyExc_ValueError, "send: packet %zd (%u bytes at %u, body %zu at %u) lies outside the "
-                         "buffer or is longer than %zd bytes", i, b.lengths[i], b.offsets[i], body,
-                         b.body_offsets ? b.body_offsets[i] : 0, max_length);
-            goto done;
-        }
-        nbytes += (long long)size;
-    }
-    b.order = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    b.iov = malloc(sizeof(struct iovec) * 2 * (size_t)(n + 1));
-    b.iov_at = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    b.msgs = malloc(sizeof(struct mmsghdr) * (size_t)(n + 1));
-    b.cmsgs = malloc(sizeof(SegmentCmsg) * (size_t)(n + 1));
-    b.first = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
-    if (!b.order || !b.iov || !b.iov_at || !b.msgs || !b.cmsgs || !b.first) {
+    long long nbytes = checked_bytes(&b, buf.len, max_length);
+    if (nbytes < 0)
+        goto done;
+    SendCounts c = {0};
+    int fatal = send_batch(fd, &b, max_segments, &c);
+    if (fatal < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    long long sent = 0, refused = 0, calls = 0;
-    int gso_errno = 0, fatal = 0;
-    Py_BEGIN_ALLOW_THREADS
-    group(&b);
-    Py_ssize_t parts = 0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t p = b.order[k];
-        b.iov_at[k] = parts;
-        b.iov[parts].iov_base = (void *)(b.buf + b.offsets[p]);
-        b.iov[parts++].iov_len = b.lengths[p];
-        if (b.body_lengths && b.body_lengths[p]) {
-            b.iov[parts].iov_base = (void *)(b.buf + b.body_offsets[p]);
-            b.iov[parts++].iov_len = b.body_lengths[p];
-        }
-    }
-    b.iov_at[n] = parts;
-    Py_ssize_t count = lay_out(&b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
-    while (m < count) {
-        calls++;
-        int vlen = count - m < MAX_VLEN ? (int)(count - m) : MAX_VLEN;
-        int done = sendmmsg(fd, &b.msgs[m], (unsigned)vlen, 0);
-        if (done > 0) {
-            for (int j = 0; j < done; j++)
-                sent += b.first[m + j + 1] - b.first[m + j];
-            m += done;
-            continue;
-        }
-        int err = done == 0 ? EAGAIN : errno;  /* nothing sent and no error: take it as a full queue */
-        if (err == EINTR)
-            continue;
-        if (b.msgs[m].msg_hdr.msg_controllen && gso_refused(err)) {
-            gso_errno = err;  /* from here on, one datagram a message */
-            count = m + lay_out(&b, b.first[m], m, 1);
-        } else if (transient(err)) {
-            refused += b.first[m + 1] - b.first[m];
-            m++;
-        } else {
-            fatal = err;
-            break;
-        }
-    }
-    Py_END_ALLOW_THREADS
-    result = fatal ? os_error(fatal) : Py_BuildValue("LLLiL", sent, refused, calls, gso_errno, nbytes);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LLLiL", c.sent, c.refused, c.calls, c.gso_errno, nbytes);
 done:
-    free(b.order);
-    free(b.iov);
-    free(b.msgs);
-    free(b.cmsgs);
-    free(b.first);
-    free(b.iov_at);
     release_batch(v);
     PyBuffer_Release(&body_off);
     PyBuffer_Release(&body_len);
@@ -326,45 +358,25 @@ static int segment_size(struct msghdr *h) {
     return 0;
 }
 
-PyDoc_STRVAR(recv_doc,
-"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors, nbytes)\n\n"
-"Receive up to ``messages`` messages without waiting, message j into buf[j * stride:], and split each\n"
-"by the segment size the kernel reports (UDP_GRO): datagram i is lengths[i] bytes at buf[offsets[i]:],\n"
-"from the sockaddr_in in row i of names (None: not wanted). Datagrams beyond the room of offsets are\n"
-"dropped and counted; errors counts ICMP errors the kernel reported instead of data. nbytes: the\n"
-"datagrams' bytes (the caller's counters, without a pass of its own over lengths).");
+/* What receives did: datagrams, messages, datagrams dropped for want of room, ICMP errors, bytes. */
+typedef struct {
+    long long datagrams, messages, dropped, errors, nbytes;
+} RecvCounts;
 
-static PyObject *udp_recv(PyObject *self, PyObject *args) {
-    int fd, vlen;
-    Py_ssize_t stride;
-    PyObject *buf_obj, *off_obj, *len_obj, *names_obj;
-    if (!PyArg_ParseTuple(args, "iOniOOO", &fd, &buf_obj, &stride, &vlen, &off_obj, &len_obj, &names_obj))
-        return NULL;
-    PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
-    Py_buffer v[4] = {{0}}, buf, off, len, names;
-    PyObject *result = NULL;
-    if (get_batch(objs, v, 1) < 0)
-        goto done;
-    buf = v[0], off = v[1], len = v[2], names = v[3];
-    Py_ssize_t room = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
-    if (names_obj != Py_None && names.len / NAME < room)
-        room = names.len / NAME;
-    if (vlen < 1 || vlen > RECV_VLEN || stride < 1 || (Py_ssize_t)vlen * stride > buf.len || room < vlen) {
-        PyErr_SetString(PyExc_ValueError, "recv: 1..256 messages of stride bytes must fit buf, and offsets, "
-                        "lengths and names need a row per message at least");
-        goto done;
-    }
+/* Receive up to vlen messages without waiting and split them, as recv() describes, into the room rows of
+ * offsets, lengths and (unless NULL) names, counting into c (set, not added to); called with the GIL,
+ * which it releases. Returns 0 or the errno that broke the socket. */
+static int recv_batch(int fd, unsigned char *buf, Py_ssize_t stride, int vlen, uint32_t *offsets, uint32_t *lengths,
+                      unsigned char *out_names, Py_ssize_t room, RecvCounts *c) {
     struct mmsghdr msgs[RECV_VLEN];
     struct iovec iov[RECV_VLEN];
     GroCmsg cmsgs[RECV_VLEN];
     unsigned char from[RECV_VLEN][NAME];
-    uint32_t *offsets = off.buf, *lengths = len.buf;
-    unsigned char *out_names = names_obj == Py_None ? NULL : names.buf;
     long long datagrams = 0, dropped = 0, errors = 0, nbytes = 0;
     int got = 0, fatal = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int j = 0; j < vlen; j++) {
-        iov[j].iov_base = (unsigned char *)buf.buf + j * stride;
+        iov[j].iov_base = buf + j * stride;
         iov[j].iov_len = (size_t)stride;
         memset(&msgs[j].msg_hdr, 0, sizeof(struct msghdr));
         msgs[j].msg_hdr.msg_iov = &iov[j];
@@ -411,15 +423,267 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    result = fatal ? os_error(fatal) : Py_BuildValue("LiLLL", datagrams, got, dropped, errors, nbytes);
+    c->datagrams = datagrams;
+    c->messages = got;
+    c->dropped = dropped;
+    c->errors = errors;
+    c->nbytes = nbytes;
+    return fatal;
+}
+
+PyDoc_STRVAR(recv_doc,
+"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors, nbytes)\n\n"
+"Receive up to ``messages`` messages without waiting, message j into buf[j * stride:], and split each\n"
+"by the segment size the kernel reports (UDP_GRO): datagram i is lengths[i] bytes at buf[offsets[i]:],\n"
+"from the sockaddr_in in row i of names (None: not wanted). Datagrams beyond the room of offsets are\n"
+"dropped and counted; errors counts ICMP errors the kernel reported instead of data. nbytes: the\n"
+"datagrams' bytes (the caller's counters, without a pass of its own over lengths).");
+
+static PyObject *udp_recv(PyObject *self, PyObject *args) {
+    int fd, vlen;
+    Py_ssize_t stride;
+    PyObject *buf_obj, *off_obj, *len_obj, *names_obj;
+    if (!PyArg_ParseTuple(args, "iOniOOO", &fd, &buf_obj, &stride, &vlen, &off_obj, &len_obj, &names_obj))
+        return NULL;
+    PyObject *const objs[4] = {buf_obj, off_obj, len_obj, names_obj};
+    Py_buffer v[4] = {{0}}, buf, off, len, names;
+    PyObject *result = NULL;
+    if (get_batch(objs, v, 1) < 0)
+        goto done;
+    buf = v[0], off = v[1], len = v[2], names = v[3];
+    Py_ssize_t room = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
+    if (names_obj != Py_None && names.len / NAME < room)
+        room = names.len / NAME;
+    if (vlen < 1 || vlen > RECV_VLEN || stride < 1 || (Py_ssize_t)vlen * stride > buf.len || room < vlen) {
+        PyErr_SetString(PyExc_ValueError, "recv: 1..256 messages of stride bytes must fit buf, and offsets, "
+                        "lengths and names need a row per message at least");
+        goto done;
+    }
+    RecvCounts c = {0};
+    int fatal = recv_batch(fd, buf.buf, stride, vlen, off.buf, len.buf, names_obj == Py_None ? NULL : names.buf,
+                           room, &c);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LiLLL", c.datagrams, c.messages, c.dropped, c.errors, c.nbytes);
 done:
     release_batch(v);
+    return result;
+}
+
+/* ---- the client's loop (client.Client._drive), for a connected socket ----------------------------- */
+
+/* What drive() counts, in this order in its counts array (transport.UdpSocket.drive adds them to its stats). */
+enum { C_SENT, C_SEND_CALLS, C_REFUSED, C_BYTES_SENT, C_RECV_CALLS, C_RECEIVED, C_BYTES_RECEIVED, C_DROPPED,
+       C_GSO_ERRNO, N_COUNTS };
+static const char *const count_names[N_COUNTS] = {"sent", "send_calls", "refused", "bytes_sent", "recv_calls",
+                                                  "received", "bytes_received", "dropped", "gso_errno"};
+static PyObject *s_emit, *s_done, *s_next_deadline, *s_receive_batch, *s_tick;  /* the stream's, interned */
+
+static double monotonic(void) {  /* time.monotonic()'s clock */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* stream.name(args...) as a C value: a size (emit) or a float (next_deadline); -1 with an exception. */
+static int call_size(PyObject *stream, PyObject *name, PyObject *a, PyObject *b, Py_ssize_t *n) {
+    PyObject *r = PyObject_CallMethodObjArgs(stream, name, a, b, NULL);
+    *n = r == NULL ? -1 : PyLong_AsSsize_t(r);
+    Py_XDECREF(r);
+    return *n == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int call_float(PyObject *stream, PyObject *name, double *x) {
+    PyObject *r = PyObject_CallMethodObjArgs(stream, name, NULL);
+    *x = r == NULL ? -1.0 : PyFloat_AsDouble(r);
+    Py_XDECREF(r);
+    return *x == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* n uint32 at items as a read-only memoryview of format "I": a numpy slice's stand-in (the Python
+ * Reduction reads its tolist()). */
+static PyObject *u32_view(uint32_t *items, Py_ssize_t n) {
+    Py_buffer b;
+    if (PyBuffer_FillInfo(&b, NULL, items, 4 * n, 1, PyBUF_FULL_RO) < 0)
+        return NULL;
+    Py_ssize_t shape = n, stride = 4;
+    b.format = "I";
+    b.itemsize = 4;
+    b.ndim = 1;
+    b.shape = &shape;  /* the memoryview copies shape and strides */
+    b.strides = &stride;
+    return PyMemoryView_FromBuffer(&b);
+}
+
+/* stream.receive_batch(buf, offsets[:got], lengths[:got], now) */
+static int receive(PyObject *stream, PyObject *in, uint32_t *offsets, uint32_t *lengths, Py_ssize_t got,
+                   PyObject *now) {
+    PyObject *offs = u32_view(offsets, got);
+    PyObject *lens = offs == NULL ? NULL : u32_view(lengths, got);
+    PyObject *r = lens == NULL ? NULL : PyObject_CallMethodObjArgs(stream, s_receive_batch, in, offs, lens, now, NULL);
+    Py_XDECREF(offs);
+    Py_XDECREF(lens);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+PyDoc_STRVAR(drive_doc,
+"drive(fd, stream, rows, offsets, lengths, max_segments, max_length, in_buf, stride, messages, in_offsets,\n"
+"      in_lengths, wake, counts, advance=None) -> bool\n\n"
+"The client's loop over a connected socket, in C: what ``stream`` has due goes out (``stream.emit(rows,\n"
+"lengths)``, row i at ``offsets[i]`` of rows' bytes, sent as send() sends), then the socket is polled until\n"
+"``stream.next_deadline()``, what came is received as recv() receives into ``in_buf`` and handed to\n"
+"``stream.receive_batch(in_buf, offsets, lengths, now)`` (uint32 memoryviews), and ``stream.tick(now)`` and\n"
+"``advance(stream, now)`` (unless None) run, turn after turn.\n"
+"Returns True once ``stream.done``; False when ``wake`` seconds passed or a wait until then found\n"
+"nothing, so that the caller can look whether it is closing and call again. What the stream raises is\n"
+"raised. ``counts`` (int64, one per name in DRIVE_COUNTS) is added to as the packets move, so it holds\n"
+"what moved even when something raises; gso_errno is set where the kernel refused segmentation (the\n"
+"rest of the call went out plainly).");
+
+static PyObject *udp_drive(PyObject *self, PyObject *args) {
+    int fd, messages;
+    long max_segments;
+    Py_ssize_t max_length, stride;
+    double wake;
+    PyObject *stream, *rows_obj, *off_obj, *len_obj, *in_obj, *in_off_obj, *in_len_obj, *counts_obj, *advance = Py_None;
+    if (!PyArg_ParseTuple(args, "iOOOOlnOniOOdO|O", &fd, &stream, &rows_obj, &off_obj, &len_obj, &max_segments,
+                          &max_length, &in_obj, &stride, &messages, &in_off_obj, &in_len_obj, &wake, &counts_obj,
+                          &advance))
+        return NULL;
+    Py_buffer rows = {0}, off = {0}, len = {0}, in = {0}, in_off = {0}, in_len = {0}, counts = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(off_obj, &off, PyBUF_SIMPLE) < 0
+            || PyObject_GetBuffer(len_obj, &len, PyBUF_SIMPLE) < 0
+            || PyObject_GetBuffer(in_obj, &in, PyBUF_WRITABLE) < 0
+            || PyObject_GetBuffer(in_off_obj, &in_off, PyBUF_WRITABLE) < 0
+            || PyObject_GetBuffer(in_len_obj, &in_len, PyBUF_WRITABLE) < 0
+            || PyObject_GetBuffer(counts_obj, &counts, PyBUF_WRITABLE) < 0)
+        goto done;
+    Py_ssize_t n_rows = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
+    Py_ssize_t room = in_off.len / 4 < in_len.len / 4 ? in_off.len / 4 : in_len.len / 4;
+    if (messages < 1 || messages > RECV_VLEN || stride < 1 || (Py_ssize_t)messages * stride > in.len
+            || room < messages || counts.len < (Py_ssize_t)sizeof(long long) * N_COUNTS) {
+        PyErr_SetString(PyExc_ValueError, "drive: 1..256 messages of stride bytes must fit in_buf, in_offsets and "
+                        "in_lengths need a row per message at least, counts an int64 per DRIVE_COUNTS name");
+        goto done;
+    }
+    long long *count = counts.buf;
+    double end = monotonic() + wake;
+    for (;;) {
+        if (PyErr_CheckSignals() < 0)
+            goto done;
+        for (;;) {  /* what is due goes out */
+            Py_ssize_t n;
+            if (call_size(stream, s_emit, rows_obj, len_obj, &n) < 0)
+                goto done;
+            if (n == 0)
+                break;
+            if (n < 0 || n > n_rows) {
+                PyErr_Format(PyExc_ValueError, "drive: emit gave %zd packets, the rows have offsets and lengths for "
+                             "%zd", n, n_rows);
+                goto done;
+            }
+            Batch b = {.n = n, .buf = rows.buf, .offsets = off.buf, .lengths = len.buf};
+            long long nbytes = checked_bytes(&b, rows.len, max_length);
+            if (nbytes < 0)
+                goto done;
+            SendCounts c = {0};
+            int fatal = send_batch(fd, &b, max_segments, &c);
+            count[C_SENT] += c.sent;
+            count[C_SEND_CALLS] += c.calls;
+            count[C_REFUSED] += c.refused;
+            count[C_BYTES_SENT] += nbytes;
+            if (c.gso_errno) {
+                count[C_GSO_ERRNO] = c.gso_errno;
+                max_segments = 1;
+            }
+            if (fatal) {
+                if (fatal < 0)
+                    PyErr_NoMemory();
+                else
+                    (void)os_error(fatal);
+                goto done;
+            }
+        }
+        PyObject *done_obj = PyObject_GetAttr(stream, s_done);
+        int finished = done_obj == NULL ? -1 : PyObject_IsTrue(done_obj);
+        Py_XDECREF(done_obj);
+        if (finished < 0)
+            goto done;
+        if (finished) {
+            result = Py_NewRef(Py_True);
+            break;
+        }
+        double deadline, now = monotonic();
+        if (now >= end) {
+            result = Py_NewRef(Py_False);
+            break;
+        }
+        if (call_float(stream, s_next_deadline, &deadline) < 0)
+            goto done;
+        now = monotonic();
+        double wait = deadline - now < end - now ? deadline - now : end - now;
+        int idle = 0;
+        if (wait > 0) {  /* as UdpSocket.wait: whole milliseconds, rounded up */
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            int ready, err = 0;
+            Py_BEGIN_ALLOW_THREADS
+            ready = poll(&p, 1, (int)(wait * 1000 + 0.999));
+            err = errno;
+            Py_END_ALLOW_THREADS
+            if (ready < 0 && err != EINTR) {
+                (void)os_error(err);
+                goto done;
+            }
+            idle = ready == 0;
+        }
+        Py_ssize_t got = 0;
+        if (!idle) {
+            RecvCounts c;
+            int fatal = recv_batch(fd, in.buf, stride, messages, in_off.buf, in_len.buf, NULL, room, &c);
+            if (fatal) {
+                (void)os_error(fatal);
+                goto done;
+            }
+            count[C_RECV_CALLS]++;
+            count[C_RECEIVED] += c.datagrams;
+            count[C_BYTES_RECEIVED] += c.nbytes;
+            count[C_DROPPED] += c.dropped;
+            count[C_REFUSED] += c.errors;
+            got = (Py_ssize_t)c.datagrams;
+        }
+        PyObject *now_obj = PyFloat_FromDouble(monotonic());
+        if (now_obj == NULL)
+            goto done;
+        int rc = got ? receive(stream, in_obj, in_off.buf, in_len.buf, got, now_obj) : 0;
+        PyObject *r = rc < 0 ? NULL : PyObject_CallMethodObjArgs(stream, s_tick, now_obj, NULL);
+        if (r != NULL && advance != Py_None) {
+            Py_DECREF(r);
+            r = PyObject_CallFunctionObjArgs(advance, stream, now_obj, NULL);
+        }
+        Py_DECREF(now_obj);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+        if (idle) {
+            result = Py_NewRef(Py_False);
+            break;
+        }
+    }
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&len);
+    PyBuffer_Release(&in);
+    PyBuffer_Release(&in_off);
+    PyBuffer_Release(&in_len);
+    PyBuffer_Release(&counts);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"send", udp_send, METH_VARARGS, send_doc},
     {"recv", udp_recv, METH_VARARGS, recv_doc},
+    {"drive", udp_drive, METH_VARARGS, drive_doc},
     {NULL, NULL, 0, NULL},
 };
 #else
@@ -431,13 +695,35 @@ static struct PyModuleDef module = {
     "Batched UDP sends and receives with segmentation offload (Linux); see _udp.c.", -1, methods,
 };
 
+#ifdef __linux__
+/* drive()'s method names, interned once, and DRIVE_COUNTS: the names of its counts, in order. */
+static int add_drive_names(PyObject *m) {
+    PyObject **names[] = {&s_emit, &s_done, &s_next_deadline, &s_receive_batch, &s_tick};
+    const char *texts[] = {"emit", "done", "next_deadline", "receive_batch", "tick"};
+    for (int i = 0; i < 5; i++)
+        if (*names[i] == NULL && (*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
+            return -1;
+    PyObject *counted = PyTuple_New(N_COUNTS);
+    for (int i = 0; counted != NULL && i < N_COUNTS; i++) {
+        PyObject *name = PyUnicode_FromString(count_names[i]);
+        if (name == NULL)
+            Py_CLEAR(counted);
+        else
+            PyTuple_SET_ITEM(counted, i, name);
+    }
+    int rc = counted == NULL ? -1 : PyModule_AddObjectRef(m, "DRIVE_COUNTS", counted);
+    Py_XDECREF(counted);
+    return rc;
+}
+#endif
+
 PyMODINIT_FUNC PyInit__udp(void) {
     PyObject *m = PyModule_Create(&module);
 #ifdef __linux__
     if (m != NULL && (PyModule_AddIntConstant(m, "UDP_SEGMENT", UDP_SEGMENT) < 0
                       || PyModule_AddIntConstant(m, "UDP_GRO", UDP_GRO) < 0
                       || PyModule_AddIntConstant(m, "SOL_UDP", SOL_UDP) < 0
-                      || PyModule_AddIntConstant(m, "RECV_VLEN", RECV_VLEN) < 0)) {
+                      || PyModule_AddIntConstant(m, "RECV_VLEN", RECV_VLEN) < 0 || add_drive_names(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -385,6 +385,11 @@ class Client:
         payload's, after every step (:class:`~switchagg.protocol.StagedPayloads`)."""
         sock = self._sock
         try:
+            if sock.drives:  # the loop below, in C
+                self._check_open()
+                while not sock.drive(red, _WAKE, advance):
+                    self._check_open()
+                return
             while True:
                 while n := red.emit(sock.out_rows, sock.out_lengths):
                     sock.send_rows(n)

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -310,3 +311,93 @@ def test_packets_of_a_header_and_a_shared_body_arrive_whole_each_to_its_destinat
             got = _receive(rx, 200)
             assert [d for d, _ in got] == want[rx]
             assert {src for _, src in got} == {sw.address}
+
+
+class EchoedStream:
+    """A stream for UdpSocket.drive: ``n`` packets of a size each, due at once; done when all came back.
+    Its timers fall due ``wait`` seconds from each look at them."""
+
+    def __init__(self, n: int, size: int = 280, *, wait: float = 60.0, raise_on_tick: bool = False) -> None:
+        self.due = [bytes([i % 256, i // 256]) * (size // 2) for i in range(n)]
+        self.n, self.back, self.ticks, self.wait, self.raise_on_tick = n, [], [], wait, raise_on_tick
+
+    @property
+    def done(self) -> bool:
+        return len(self.back) == self.n
+
+    def emit(self, rows: np.ndarray, lengths: np.ndarray) -> int:
+        n = min(len(self.due), len(rows))
+        for i, packet in enumerate(self.due[:n]):
+            rows[i, :len(packet)] = np.frombuffer(packet, np.uint8)
+            lengths[i] = len(packet)
+        del self.due[:n]
+        return n
+
+    def next_deadline(self) -> float:
+        return time.monotonic() + self.wait
+
+    def receive_batch(self, buf, offsets, lengths, now: float) -> int:
+        view = memoryview(buf).cast("B")
+        self.back += [bytes(view[at:at + length]) for at, length in zip(offsets.tolist(), lengths.tolist(),
+                                                                         strict=True)]
+        return len(offsets)
+
+    def tick(self, now: float) -> None:
+        self.ticks.append(now)
+        if self.raise_on_tick:
+            raise RuntimeError("the stream's own error")
+
+
+def echo(sock, count: int) -> threading.Thread:
+    """A peer that sends each of ``count`` datagrams back as it came."""
+    def run() -> None:
+        left = count
+        while left:
+            data, source = sock.recvfrom(65535)
+            sock.sendto(data, source)
+            left -= 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="drive is the batched backend's (Linux)")
+def test_drive_moves_a_streams_packets_until_it_is_done():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # 300 small datagrams at once
+        peer.bind(("127.0.0.1", 0))
+        with UdpSocket(("127.0.0.1", 0), peer=peer.getsockname(), batch=64, max_datagram=280) as sock:
+            stream, steps = EchoedStream(300), []
+            sent = list(stream.due)
+            thread = echo(peer, 300)
+            assert sock.drive(stream, 30.0, lambda s, now: steps.append((s, now))) is True
+            thread.join(10)
+    assert sorted(stream.back) == sorted(sent)  # whole, each once (loopback keeps them in order too)
+    assert sock.stats.sent == sock.stats.received == 300 and sock.stats.bytes_sent == sock.stats.bytes_received
+    assert sock.stats.bytes_sent == 300 * 280 and sock.stats.send_calls >= 300 // 64
+    assert len(steps) == len(stream.ticks) >= 1 and all(s is stream for s, _ in steps)
+    assert [now for _, now in steps] == stream.ticks == sorted(stream.ticks)
+    assert stream.ticks[-1] <= time.monotonic()  # the clock is time.monotonic()'s
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="drive is the batched backend's (Linux)")
+def test_drive_returns_after_wake_when_nothing_comes_and_raises_what_the_stream_raises():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        with UdpSocket(("127.0.0.1", 0), peer=peer.getsockname(), max_datagram=280) as sock:
+            stream = EchoedStream(10)
+            start = time.monotonic()
+            assert sock.drive(stream, 0.05) is False  # no answer: back to the caller, which may stop
+            assert time.monotonic() - start < 5 and len(stream.ticks) == 1
+            assert sock.stats.sent == 10 and sock.stats.received == 0
+            failing = EchoedStream(5, wait=0.0, raise_on_tick=True)
+            with pytest.raises(RuntimeError, match="the stream's own error"):
+                sock.drive(failing, 30.0)
+            assert sock.stats.sent == 15  # what moved before it raised is counted
+        with UdpSocket(("127.0.0.1", 0)) as unconnected, pytest.raises(ValueError, match="connected socket"):
+            unconnected.drive(EchoedStream(1), 1.0)
