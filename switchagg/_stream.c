@@ -81,6 +81,9 @@ typedef struct {
     uint8_t done, in_flight;
     uint8_t state;     /* SENT, ASKED or WAITING (protocol.py) */
     int8_t agreed;     /* the exponent its result carried: read only once it is done */
+    int8_t used;       /* the exponent its values are quantized with: its slot's last result's (fill), kept
+                        * here because that entry's line, a slot count of entries back, is out of the cache
+                        * again by the time this one's packet is written and its result read */
 } Entry;
 
 /* When an entry was first sent and first resent (or asked about): read only for a result of an entry
@@ -550,6 +553,7 @@ PER_RESULT int fill(Stream *s, double now) {
             return -1;
         Entry *e = &entries[t];
         place_next(s, e);
+        e->used = (int8_t)(prev < 0 ? EXP_NONE : entries[prev].agreed);
         e->done = 0;  /* the arena's memory holds an earlier call's: t starts here */
         e->in_flight = 1;
         e->state = SENT;
@@ -650,7 +654,7 @@ static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
     int proposal = EXP_NONE;
     if (s->floats) {
         const float *x = (const float *)s->x.buf + start;
-        int e = exponent_used(s, t);
+        int e = s->entries[t].used;
         if (c < s->n_chunks && c == s->proposed) {  /* c's first proposal: its max-abs read beside x's */
             prefetch_source(s, c + PREFETCH_CHUNKS);
             Py_ssize_t n_next, next = source_of(s, c, &n_next);
@@ -802,7 +806,7 @@ static void take_sums(Stream *s, const unsigned char *p, Py_ssize_t t) {
         for (Py_ssize_t i = 0; i < s->k; i++)
             out[i] = (int32_t)get32(p + 4 * i);
     } else if (s->floats) {
-        int exponent = exponent_used(s, t);
+        int exponent = s->entries[t].used;
         if (exponent == EXP_NONFINITE)
             sa_decode_nonfinite(p, (float *)s->out.buf + start, n);
         else
