@@ -382,7 +382,9 @@ class Client:
     def _drive(self, red: Reduction | NativeReduction,
                advance: Callable[[Reduction | NativeReduction, float], None] | None = None) -> None:
         """Move ``red``'s packets until it is done, raises, or the client closes; ``advance``: a staged
-        payload's, after every step (:class:`~switchagg.protocol.StagedPayloads`)."""
+        payload's, after every step (:class:`~switchagg.protocol.StagedPayloads`). On a batched socket the
+        loop runs in C (:meth:`~switchagg.transport.UdpSocket.drive`), back here every :data:`_WAKE`; the
+        plain backend runs the same loop below."""
         sock = self._sock
         try:
             if sock.drives:  # the loop below, in C
