@@ -74,6 +74,8 @@ typedef struct {
     Py_ssize_t *iov_at;
     struct iovec *msg_iov;              /* the messages' iovecs: their packets' parts, each run of parts that
                                          * lie one after another in memory as one (lay_out) */
+    unsigned char *staging;             /* room for the batch's bytes, where lay_out gathers a message of
+                                         * many small parts (NULL: none) */
     struct mmsghdr *msgs;
     SegmentCmsg *cmsgs;
     Py_ssize_t *first;                  /* msgs[m] carries packets order[first[m]..first[m + 1]) */
@@ -127,13 +129,18 @@ static int same_destination(const Batch *b, Py_ssize_t i, Py_ssize_t j) {
     return b->names == NULL || !memcmp(b->names + i * NAME + 2, b->names + j * NAME + 2, 6);
 }
 
+/* Below this many bytes a part on average, a message's parts are gathered into one (lay_out). */
+#define GATHER_BELOW 512
+
 /* Lay out messages for packets order[from..n), each a run of at most max_segments; returns how many
- * messages, starting at msgs[at]. A message's parts that lie one after another (a worker's rows, written
- * in place) go to the kernel as one iovec: it copies a message's bytes an iovec at a time, and one 18 KB
- * copy costs it a third less than 64 of 280 bytes (loopback, GSO). The messages before msgs[at] are
- * sent by now, so their iovecs' room is taken again. */
+ * messages, starting at msgs[at]. The kernel copies a message's bytes an iovec at a time, and one 18 KB
+ * copy costs it a third less than 64 of 280 bytes (loopback, GSO): so a message's parts that lie one
+ * after another (a worker's rows, written in place) go as one iovec, and the parts of a message of small
+ * ones that do not (the embedded switch's results, a worker's between the others') are copied one after
+ * another into b->staging first, which costs less than the iovecs it saves up to a few hundred bytes a
+ * part. The messages before msgs[at] are sent by now, so their room is taken again. */
 static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_segments) {
-    Py_ssize_t m = at, used = 0;
+    Py_ssize_t m = at, used = 0, staged = 0;
     for (Py_ssize_t k = from; k < b->n; m++) {
         Py_ssize_t p = b->order[k];
         size_t segment = packet_size(b, p), total = segment;
@@ -157,6 +164,17 @@ static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_seg
                 b->msg_iov[used++] = b->iov[j];
                 h->msg_iovlen++;
             }
+        }
+        if (h->msg_iovlen > 1 && b->staging != NULL && total < GATHER_BELOW * h->msg_iovlen) {
+            unsigned char *into = b->staging + staged;
+            for (size_t j = 0; j < h->msg_iovlen; j++) {
+                memcpy(b->staging + staged, h->msg_iov[j].iov_base, h->msg_iov[j].iov_len);
+                staged += (Py_ssize_t)h->msg_iov[j].iov_len;
+            }
+            used -= (Py_ssize_t)h->msg_iovlen - 1;
+            h->msg_iov[0].iov_base = into;
+            h->msg_iov[0].iov_len = total;
+            h->msg_iovlen = 1;
         }
         if (b->names != NULL) {
             h->msg_name = (void *)(b->names + p * NAME);
@@ -244,8 +262,10 @@ static int send_batch(int fd, Batch *b, long max_segments, SendCounts *c) {
     Py_BEGIN_ALLOW_THREADS
     group(b);
     Py_ssize_t parts = 0;
+    size_t bytes = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t p = b->order[k];
+        bytes += packet_size(b, p);
         b->iov_at[k] = parts;
         b->iov[parts].iov_base = (void *)(b->buf + b->offsets[p]);
         b->iov[parts++].iov_len = b->lengths[p];
@@ -255,6 +275,7 @@ static int send_batch(int fd, Batch *b, long max_segments, SendCounts *c) {
         }
     }
     b->iov_at[n] = parts;
+    b->staging = malloc(bytes ? bytes : 1);  /* without it (out of memory), the parts go as they lie */
     Py_ssize_t count = lay_out(b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
     while (m < count) {
         c->calls++;
@@ -285,6 +306,7 @@ done:
     free(b->order);
     free(b->iov);
     free(b->msg_iov);
+    free(b->staging);
     free(b->msgs);
     free(b->cmsgs);
     free(b->first);
