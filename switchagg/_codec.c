@@ -168,6 +168,41 @@ AVX512 static Py_ssize_t dequantize_avx512(const unsigned char *s, float *y, Py_
     return n;
 }
 
+/* Four values of dequantize_avx512, in 128-bit registers (the same conversion and product, lane by lane). */
+AVX512 static inline __m128 dequantize4(const unsigned char *s, __m128 a) {
+    const __m128i order = _mm_set_epi32(0x0c0d0e0f, 0x08090a0b, 0x04050607, 0x00010203);
+    return _mm_mul_ps(_mm_cvtepi32_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)s), order)), a);
+}
+
+/* dequantize_avx512 with every store past the cache (non-temporal): where y is a result's place in a
+ * call's output, read again only after the call, a store that first reads its line for ownership moves the
+ * line twice; without, the line is written once, whole, from the write-combining buffer. y's whole lines go
+ * 64 bytes a store, the parts of a line it shares with the values before and after it 16 bytes a store
+ * (a 64 MiB numpy array starts 16 bytes into a page), which the buffer combines with the neighbour's when
+ * that comes next, as a call's results mostly do: plain stores there, mixed with the streamed ones, made
+ * the whole slower than plain stores throughout. Where y is not 16-byte aligned, plain stores. */
+AVX512 static Py_ssize_t dequantize_nt_avx512(const unsigned char *s, float *y, Py_ssize_t n, float scale) {
+    if ((uintptr_t)y & 15)
+        return dequantize_avx512(s, y, n, scale);
+    const __m512 a = _mm512_set1_ps(scale);
+    const __m128 a4 = _mm_set1_ps(scale);
+    Py_ssize_t i = 0, line = (Py_ssize_t)(((64 - ((uintptr_t)y & 63)) & 63) / 4);  /* floats before y's first line */
+    for (; i < line && i + 4 <= n; i += 4)
+        _mm_stream_ps(y + i, dequantize4(s + 4 * i, a4));
+    for (; i + 16 <= n; i += 16) {
+        __m512i v = swap32x16(_mm512_loadu_si512(s + 4 * i));
+        _mm512_stream_ps(y + i, _mm512_mul_ps(_mm512_cvtepi32_ps(v), a));
+    }
+    for (; i + 4 <= n; i += 4)
+        _mm_stream_ps(y + i, dequantize4(s + 4 * i, a4));
+    if (i < n) {
+        __mmask16 m = first_lanes(n - i);
+        __m512i v = swap32x16(_mm512_maskz_loadu_epi32(m, s + 4 * i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), a));
+    }
+    return n;
+}
+
 AVX2 static Py_ssize_t add_be_avx2(const unsigned char *s, unsigned char *acc, Py_ssize_t n) {
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -301,6 +336,22 @@ void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift) {
     }
 }
 
+void sa_dequantize_past_cache(const unsigned char *s, float *y, Py_ssize_t n, int shift) {
+#if HAVE_X86
+    if (path == PATH_AVX512 && fits_float(-shift)) {
+        dequantize_nt_avx512(s, y, n, pow2f(-shift));
+        return;
+    }
+#endif
+    sa_dequantize(s, y, n, shift);
+}
+
+void sa_store_fence(void) {
+#if HAVE_X86
+    _mm_sfence();
+#endif
+}
+
 static uint32_t maxabs(const float *x, Py_ssize_t n) {
 #if HAVE_X86
     if (path == PATH_AVX512)
@@ -424,17 +475,24 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(dequantize_doc,
-"dequantize(src, dst, shift)\n\n"
-"Big-endian int32 sums ``src`` times 2**-shift into float32 ``dst`` (as many as ``dst`` holds).");
+"dequantize(src, dst, shift, past_cache=False)\n\n"
+"Big-endian int32 sums ``src`` times 2**-shift into float32 ``dst`` (as many as ``dst`` holds); with\n"
+"``past_cache``, as the stream writes a result: the same bits, stored past the cache where the loops can.");
 
 static PyObject *dequantize(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
-    int shift;
+    int shift, past_cache = 0;
     Py_buffer in, out;
-    if (!PyArg_ParseTuple(args, "OOi", &src, &dst, &shift) || decode_buffers("dequantize", src, &in, dst, &out) < 0)
+    if (!PyArg_ParseTuple(args, "OOi|p", &src, &dst, &shift, &past_cache)
+            || decode_buffers("dequantize", src, &in, dst, &out) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    sa_dequantize(in.buf, out.buf, out.len / 4, shift);
+    if (past_cache) {
+        sa_dequantize_past_cache(in.buf, out.buf, out.len / 4, shift);
+        sa_store_fence();
+    } else {
+        sa_dequantize(in.buf, out.buf, out.len / 4, shift);
+    }
     Py_END_ALLOW_THREADS
     release(&in, &out);
     Py_RETURN_NONE;

@@ -10,6 +10,11 @@
 void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size, int shift);
 /* Big-endian int32 s[0..n) times 2^-shift into float32 y[0..n). */
 void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift);
+/* The same values, with y's whole cache lines written past the cache where the loops in use can (the
+ * stream's results, read only after the call); sa_store_fence() orders those stores before any later
+ * store, as a caller that hands y to another thread needs. */
+void sa_dequantize_past_cache(const unsigned char *s, float *y, Py_ssize_t n, int shift);
+void sa_store_fence(void);
 /* A chunk whose agreed exponent is EXP_NONFINITE (127) carries class codes, not values: float32 x[0..n)
  * as big-endian int32 into q[0..size), zero-padded: 0 for a finite value of magnitude below 2^126,
  * 1 for +inf or >= 2^126, 1 << 8 for -inf or <= -2^126, 1 << 16 for NaN. Each class counts in a

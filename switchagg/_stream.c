@@ -809,13 +809,8 @@ static void take_sums(Stream *s, const unsigned char *p, Py_ssize_t t) {
         int exponent = s->entries[t].used;
         if (exponent == EXP_NONFINITE)
             sa_decode_nonfinite(p, (float *)s->out.buf + start, n);
-        else
-            sa_dequantize(p, (float *)s->out.buf + start, n, shift_for(s, exponent));
-        if (d + PREFETCH_CHUNKS < s->n_chunks) {  /* results come mostly in order: the place of a later
-            * one, owned before its stores (which would stall on the read for it) */
-            Py_ssize_t n_later, later = target_of(s, d + PREFETCH_CHUNKS, &n_later);
-            sa_prefetch((float *)s->out.buf + later, 4 * n_later, 1);
-        }
+        else  /* past the cache: out is read only after the call, so its lines need not be read first */
+            sa_dequantize_past_cache(p, (float *)s->out.buf + start, n, shift_for(s, exponent));
     } else {
         int32_t *out = (int32_t *)s->out.buf + start;
         for (Py_ssize_t i = 0; i < n; i++)
@@ -933,6 +928,7 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
         rc = receive_one(s, (const unsigned char *)buf.buf + offs[i], lens[i], now);
         fresh += rc > 0;
     }
+    sa_store_fence();  /* the sums written past the cache (take_sums) are seen before what follows */
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     PyBuffer_Release(&offsets);

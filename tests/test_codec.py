@@ -355,11 +355,13 @@ def raised(e: int) -> int:
     return e if e in (EXP_NONE, EXP_NONFINITE) else min(e + 1, codec.MAX_EXPONENT)
 
 
-def every_kernel(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, shift: int, offset: int) -> dict:
+def every_kernel(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, shift: int, offset: int,
+                 skew: int = 0) -> dict:
     """What each kernel makes of these inputs on the path in use, as bytes: maxima and exponents, the
     block quantized (class codes where it is marked), sums dequantized (also at ``shift``, which may be
-    past a float32 scale) and decoded as class counts, the switch's add, and quantize_propose's proposal
-    and values. The wire side lies at byte ``offset``, as in a packet buffer."""
+    past a float32 scale, and as the stream stores them, past the cache, ``skew`` floats into a cache
+    line) and decoded as class counts, the switch's add, and quantize_propose's proposal and values.
+    The wire side lies at byte ``offset``, as in a packet buffer."""
     k = block.size + 3
     wire = np.zeros(4 * k + offset, np.uint8)[offset:].view(VALUE_DTYPE)
     e = raised(int(codec.propose_exponents(block, k)[0])) if block.size else EXP_NONE
@@ -370,6 +372,11 @@ def every_kernel(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, s
            "decode": codec.dequantize(sums, EXP_NONFINITE, n, out).tobytes()}
     _native.dequantize(sums, out, shift)
     got["dequantize_shift"] = out.tobytes()
+    lines = np.full(sums.size + 32, np.nan, np.float32)
+    at = (-lines.ctypes.data % 64) // 4 + skew
+    _native.dequantize(sums, lines[at:at + sums.size], shift, True)
+    around = np.concatenate([lines[:at], lines[at + sums.size:]])
+    got["dequantize_past_cache"] = (lines[at:at + sums.size].tobytes(), bool(np.isnan(around).all()))
     acc = sums.copy()
     _native.add_be(acc, sums[::-1].copy())
     got["add_be"] = acc.tobytes()
@@ -397,6 +404,7 @@ def numpy_kernels(block: np.ndarray, nxt: np.ndarray, sums: np.ndarray, n: int, 
                 "decode": reference_decode_nonfinite(sums).tobytes(),
                 "add_be": (sums.astype(np.int64) + sums[::-1]).astype(np.int32).astype(VALUE_DTYPE).tobytes()}
     expected["dequantize_shift"] = _times_pow2(sums.astype(np.float32), -shift).tobytes()
+    expected["dequantize_past_cache"] = (expected["dequantize_shift"], True)  # the floats around it untouched
     if block.size:  # the largest |x| as bits: a NaN (any payload) above infinity above every number
         expected["maxabs"] = np.abs(block).view(np.uint32).max().view(np.float32).tobytes()
     if e not in (EXP_NONE, EXP_NONFINITE):
@@ -421,9 +429,9 @@ def test_every_path_computes_the_scalar_loops_and_the_numpy_statements_bits(path
     dequantization (also at scales past a float32's), decoding, the switch's add, and quantize_propose."""
     block = np.concatenate([np.zeros(skew, np.float32), block])[skew:]  # any 4-byte alignment
     with forced(path):
-        got = every_kernel(block, nxt, sums, n, shift, offset)
+        got = every_kernel(block, nxt, sums, n, shift, offset, skew)
     with forced("scalar"):
-        scalar = every_kernel(block, nxt, sums, n, shift, offset)
+        scalar = every_kernel(block, nxt, sums, n, shift, offset, skew)
     assert got == scalar
     with np.errstate(over="ignore"):  # random sums at the largest scales overflow: to inf, as in C
         assert got == numpy_kernels(block, nxt, sums, n, shift)
