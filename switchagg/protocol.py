@@ -375,8 +375,10 @@ class Reduction:
         done every rank knows this alike, whichever rank owns the marked chunk."""
         return EXP_NONFINITE in self._agreed
 
-    def receive_batch(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, now: float) -> int:
-        """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``.
+    def receive_batch(self, buf: Buffer, offsets: np.ndarray | memoryview, lengths: np.ndarray | memoryview,
+                      now: float) -> int:
+        """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``
+        (uint32 arrays, or memoryviews of them, as ``UdpSocket.drive`` gives).
 
         Whatever is not a RESULT for this call is ignored; returns how many were new.
         """
