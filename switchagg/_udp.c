@@ -662,11 +662,11 @@ static PyObject *udp_drive(PyObject *self, PyObject *args) {
         now = monotonic();
         double wait = deadline - now < end - now ? deadline - now : end - now;
         int idle = 0;
-        if (wait > 0) {  /* as UdpSocket.wait: whole milliseconds, rounded up */
+        if (wait > 0) {  /* as UdpSocket.wait: whole milliseconds, rounded up (a day at most: an int) */
             struct pollfd p = {.fd = fd, .events = POLLIN};
-            int ready, err = 0;
+            int ready, err = 0, ms = wait < 86400.0 ? (int)(wait * 1000 + 0.999) : 86400000;
             Py_BEGIN_ALLOW_THREADS
-            ready = poll(&p, 1, (int)(wait * 1000 + 0.999));
+            ready = poll(&p, 1, ms);
             err = errno;
             Py_END_ALLOW_THREADS
             if (ready < 0 && err != EINTR) {
