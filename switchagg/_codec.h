@@ -10,9 +10,9 @@
 void sa_quantize(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size, int shift);
 /* Big-endian int32 s[0..n) times 2^-shift into float32 y[0..n). */
 void sa_dequantize(const unsigned char *s, float *y, Py_ssize_t n, int shift);
-/* The same values, with y's whole cache lines written past the cache where the loops in use can (the
- * stream's results, read only after the call); sa_store_fence() orders those stores before any later
- * store, as a caller that hands y to another thread needs. */
+/* The same values, stored past the cache (non-temporal stores) where the loops in use can (AVX-512, y
+ * 16-byte aligned): the stream's results, read only after the call. sa_store_fence() orders those stores
+ * before any later store, as a caller that hands y to another thread needs. */
 void sa_dequantize_past_cache(const unsigned char *s, float *y, Py_ssize_t n, int shift);
 void sa_store_fence(void);
 /* A chunk whose agreed exponent is EXP_NONFINITE (127) carries class codes, not values: float32 x[0..n)
