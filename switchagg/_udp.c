@@ -76,8 +76,9 @@ typedef struct {
     Py_ssize_t *iov_at;
     struct iovec *msg_iov;              /* the messages' iovecs: their packets' parts, each run of parts that
                                          * lie one after another in memory as one (lay_out) */
-    unsigned char *staging;             /* room for the batch's bytes, where lay_out gathers a message of
-                                         * many small parts (NULL: none) */
+    size_t bytes;                       /* the packets' bytes, parts together */
+    unsigned char *staging;             /* room for them, where lay_out gathers a message of many small
+                                         * parts: taken at its first such message (NULL: none yet) */
     struct mmsghdr *msgs;
     SegmentCmsg *cmsgs;
     Py_ssize_t *first;                  /* msgs[m] carries packets order[first[m]..first[m + 1]) */
@@ -167,7 +168,8 @@ static Py_ssize_t lay_out(Batch *b, Py_ssize_t from, Py_ssize_t at, long max_seg
                 h->msg_iovlen++;
             }
         }
-        if (h->msg_iovlen > 1 && b->staging != NULL && total < GATHER_BELOW * h->msg_iovlen) {
+        if (h->msg_iovlen > 1 && total < GATHER_BELOW * h->msg_iovlen
+                && (b->staging != NULL || (b->staging = malloc(b->bytes)) != NULL)) {  /* else as they lie */
             unsigned char *into = b->staging + staged;
             for (size_t j = 0; j < h->msg_iovlen; j++) {
                 memcpy(b->staging + staged, h->msg_iov[j].iov_base, h->msg_iov[j].iov_len);
@@ -264,10 +266,9 @@ static int send_batch(int fd, Batch *b, long max_segments, SendCounts *c) {
     Py_BEGIN_ALLOW_THREADS
     group(b);
     Py_ssize_t parts = 0;
-    size_t bytes = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t p = b->order[k];
-        bytes += packet_size(b, p);
+        b->bytes += packet_size(b, p);
         b->iov_at[k] = parts;
         b->iov[parts].iov_base = (void *)(b->buf + b->offsets[p]);
         b->iov[parts++].iov_len = b->lengths[p];
@@ -277,7 +278,6 @@ static int send_batch(int fd, Batch *b, long max_segments, SendCounts *c) {
         }
     }
     b->iov_at[n] = parts;
-    b->staging = malloc(bytes ? bytes : 1);  /* without it (out of memory), the parts go as they lie */
     Py_ssize_t count = lay_out(b, 0, 0, max_segments > 1 ? max_segments : 1), m = 0;
     while (m < count) {
         c->calls++;
@@ -397,6 +397,12 @@ static int segment_size(struct msghdr *h) {
     return 0;
 }
 
+/* Whether vlen messages of stride bytes fit a buffer of len bytes, with room rows for their datagrams at least
+ * (recv_batch's arrays live on the stack: RECV_VLEN messages at most). */
+static int recv_fits(int vlen, Py_ssize_t stride, Py_ssize_t len, Py_ssize_t room) {
+    return vlen >= 1 && vlen <= RECV_VLEN && stride >= 1 && (Py_ssize_t)vlen * stride <= len && room >= vlen;
+}
+
 /* What receives did: datagrams, messages, datagrams dropped for want of room, ICMP errors, bytes. */
 typedef struct {
     long long datagrams, messages, dropped, errors, nbytes;
@@ -493,7 +499,7 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
     Py_ssize_t room = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
     if (names_obj != Py_None && names.len / NAME < room)
         room = names.len / NAME;
-    if (vlen < 1 || vlen > RECV_VLEN || stride < 1 || (Py_ssize_t)vlen * stride > buf.len || room < vlen) {
+    if (!recv_fits(vlen, stride, buf.len, room)) {
         PyErr_SetString(PyExc_ValueError, "recv: 1..256 messages of stride bytes must fit buf, and offsets, "
                         "lengths and names need a row per message at least");
         goto done;
@@ -599,8 +605,7 @@ static PyObject *udp_drive(PyObject *self, PyObject *args) {
         goto done;
     Py_ssize_t n_rows = off.len / 4 < len.len / 4 ? off.len / 4 : len.len / 4;
     Py_ssize_t room = in_off.len / 4 < in_len.len / 4 ? in_off.len / 4 : in_len.len / 4;
-    if (messages < 1 || messages > RECV_VLEN || stride < 1 || (Py_ssize_t)messages * stride > in.len
-            || room < messages || counts.len < (Py_ssize_t)sizeof(long long) * N_COUNTS) {
+    if (!recv_fits(messages, stride, in.len, room) || counts.len < (Py_ssize_t)sizeof(long long) * N_COUNTS) {
         PyErr_SetString(PyExc_ValueError, "drive: 1..256 messages of stride bytes must fit in_buf, in_offsets and "
                         "in_lengths need a row per message at least, counts an int64 per DRIVE_COUNTS name");
         goto done;
