@@ -76,7 +76,7 @@ typedef struct {
     Py_ssize_t order;  /* its last send's place among the call's sends */
     long retries;
     uint32_t link[2][2];  /* its neighbours in the timers and sends lists (NONE at either end) */
-    uint16_t slot;     /* its slot and shadow copy (place_next) */
+    uint16_t slot;     /* its slot and shadow copy (fill) */
     uint8_t copy;
     uint8_t done, in_flight;
     uint8_t state;     /* SENT, ASKED or WAITING (protocol.py) */
@@ -97,7 +97,7 @@ typedef struct {
  * ~23 MB of such arrays: allocated afresh, each call took them as new pages from the kernel, faulted
  * in and zeroed, and gave them back at its end. A client keeps one Arena and lends it to each of its
  * calls in turn; the block grows to the largest call and is never cleared (an entry's state is set
- * when the schedule first reaches it: place_next). */
+ * when the schedule first reaches it: fill). */
 typedef struct {
     PyObject_HEAD
     unsigned char *block;
@@ -160,6 +160,10 @@ typedef struct {
     /* RACK: the order and round trip of the latest-sent packet, sent once, whose result came back */
     Py_ssize_t rack_order;
     double rack_rtt;
+    /* The receive batch's results of packets sent once, for the window (win_on_results, once the batch is
+     * in): how many, their longest and shortest round trips, how many settled and the shortest of those */
+    long taken, settled;
+    double longest, shortest, settled_shortest;
     long probes;          /* tail loss probes sent since the last new result */
     double probe_from;    /* the last new result or probe: the next probe waits from here */
     double first_result;  /* when this call's first result came */
@@ -243,31 +247,25 @@ static long win_size(const Win *w) {
     return size > 1 ? size : 1;
 }
 
-/* Window.on_result; inlined, as fill() is, into the receive loop, which calls it once a result (the two calls
- * were a tenth of unpack+dequantize's time through the stream at K = 64) */
-#if defined(__GNUC__)
-#define PER_RESULT static inline __attribute__((always_inline))
-#else
-#define PER_RESULT static inline
-#endif
-PER_RESULT void win_on_result(Win *w, double rtt, double now, int settled) {
+/* Window.on_results: `count` results of packets sent once, taken together at `now` (a receive batch) */
+static void win_on_results(Win *w, double now, long count, double longest, double shortest, long settled,
+                           double settled_shortest) {
     if (!w->has_srtt) {
-        w->srtt = rtt;
-        w->rttvar = rtt / 2;
+        w->srtt = longest;
+        w->rttvar = longest / 2;
         w->has_srtt = 1;
     } else {
-        w->rttvar = 0.75 * w->rttvar + 0.25 * fabs(w->srtt - rtt);
-        w->srtt = 0.875 * w->srtt + 0.125 * rtt;
+        w->rttvar = 0.75 * w->rttvar + 0.25 * fabs(w->srtt - longest);
+        w->srtt = 0.875 * w->srtt + 0.125 * longest;
     }
-    w->min_rtt = dmin(w->min_rtt, rtt);
-    if (w->since_loss < LOSSY_RESULTS)
-        w->since_loss++;
+    w->min_rtt = dmin(w->min_rtt, shortest);
+    w->since_loss = w->since_loss + count < LOSSY_RESULTS ? w->since_loss + count : LOSSY_RESULTS;
     w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
     if (settled) {
         if (!w->delay_samples)  /* a round trip's results, from the first on */
-            w->delay_until = now + 2 * dmin(rtt, w->recent_rtt);
-        w->delay_min = dmin(w->delay_min, rtt);
-        w->delay_samples++;
+            w->delay_until = now + 2 * dmin(settled_shortest, w->recent_rtt);
+        w->delay_min = dmin(w->delay_min, settled_shortest);
+        w->delay_samples += settled;
         if (w->delay_samples >= DELAY_SAMPLES && now >= w->delay_until) {
             double low = w->delay_min;
             w->recent_rtt = low < w->recent_rtt ? low : 0.875 * w->recent_rtt + 0.125 * low;
@@ -285,8 +283,20 @@ PER_RESULT void win_on_result(Win *w, double rtt, double now, int settled) {
             }
         }
     }
-    double growth = w->cwnd < w->ssthresh ? 1.0 : 1.0 / w->cwnd;
-    w->cwnd = dmin((double)w->max_size, w->cwnd + growth);
+    if (w->cwnd < w->ssthresh) {  /* +1 a result in slow start, up to ssthresh, and 1/cwnd a result after */
+        double room = ceil(w->ssthresh - w->cwnd);
+        long steps = room < (double)count ? (long)room : count;
+        w->cwnd += (double)steps;
+        count -= steps;
+    }
+    if (count)
+        w->cwnd += (double)count / w->cwnd;
+    w->cwnd = dmin((double)w->max_size, w->cwnd);
+}
+
+/* Window.on_result: one result's round trip */
+static void win_on_result(Win *w, double rtt, double now, int settled) {
+    win_on_results(w, now, 1, rtt, rtt, settled != 0, rtt);
 }
 
 static void win_on_timeout(Win *w, double now) {
@@ -354,25 +364,6 @@ static Py_ssize_t prev_of(const Stream *s, Py_ssize_t t) {
     if (d < s->slots)
         return s->rounds ? d : -1;
     return t - s->slots;
-}
-
-/* Entry s->next's slot and shadow copy (Reduction._slot_copy) into e: data chunk d goes on slot d % slots,
- * and each use of a slot flips its copy. fill() walks the schedule in order, so the division is kept
- * as a running slot and round, and each entry's place is stored for its emit and its result. */
-static inline void place_next(Stream *s, Entry *e) {
-    Py_ssize_t t = s->next;
-    if (t < s->rounds) {
-        e->slot = (uint16_t)t;
-        e->copy = s->copy0[t] & 1;
-        return;
-    }
-    Py_ssize_t slot = s->walk_slot, use = s->walk_round + (slot < s->rounds);
-    e->slot = (uint16_t)slot;
-    e->copy = (uint8_t)((s->copy0[slot] + use) & 1);
-    if (++s->walk_slot == s->slots) {
-        s->walk_slot = 0;
-        s->walk_round++;
-    }
 }
 
 static int exponent_used(const Stream *s, Py_ssize_t t) {
@@ -495,19 +486,27 @@ static double resend_wait(const Stream *s, long retries) {
     return dmin(s->w.max_rto, wait * ldexp(1.0, (int)backoff));
 }
 
+/* Room in the outbox for `more` entries after those in it; -1 when out of memory. */
+static int reserve(Stream *s, Py_ssize_t more) {
+    if (s->out_head + s->out_len + more <= s->out_cap)
+        return 0;
+    if (s->out_head) {
+        memmove(s->outbox, s->outbox + s->out_head, (size_t)s->out_len * sizeof(Py_ssize_t));
+        s->out_head = 0;
+    }
+    while (s->out_len + more > s->out_cap) {
+        Py_ssize_t *grown = grow(s->outbox, &s->out_cap, sizeof(Py_ssize_t));
+        if (grown == NULL)
+            return -1;
+        s->outbox = grown;
+    }
+    return 0;
+}
+
 /* Entry t (~t: a QUERY about t) onto the end of the outbox; -1 when out of memory. */
 static inline int post(Stream *s, Py_ssize_t item) {
-    if (s->out_head + s->out_len == s->out_cap) {
-        if (s->out_head) {
-            memmove(s->outbox, s->outbox + s->out_head, (size_t)s->out_len * sizeof(Py_ssize_t));
-            s->out_head = 0;
-        } else {
-            Py_ssize_t *grown = grow(s->outbox, &s->out_cap, sizeof(Py_ssize_t));
-            if (grown == NULL)
-                return -1;
-            s->outbox = grown;
-        }
-    }
+    if (reserve(s, 1) < 0)
+        return -1;
     s->outbox[s->out_head + s->out_len++] = item;
     return 0;
 }
@@ -535,39 +534,64 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
     return 0;
 }
 
-/* Reduction._fill: each entry's first send, in schedule order, while the window and the schedule allow. */
-PER_RESULT int fill(Stream *s, double now) {
+/* Reduction._fill: each entry's first send, in schedule order, while the window and the schedule allow.
+ * It runs once a receive batch over what the batch's results let go, so what it changes of the stream
+ * is kept in locals and stored once at the end: an entry's byte-wide fields are stored through a type
+ * that may alias anything, which made the compiler load and store every counter again for each entry. */
+static int fill(Stream *s, double now) {
     if (s->mismatch)
         return 0;
     /* what no send changes: how far the schedule may go, the window, and a first send's timer (every
      * one the same: the timeout of no retries, from now) */
     Py_ssize_t end = s->rounds + s->prepared < s->total ? s->rounds + s->prepared : s->total;
-    long window = win_size(&s->w);
+    Py_ssize_t next = s->next, in_flight = s->n_in_flight, window = win_size(&s->w);
+    if (next >= end || in_flight >= window)
+        return 0;
+    if (reserve(s, end - next < window - in_flight ? end - next : window - in_flight) < 0)
+        return -1;
     double deadline = now + win_timeout_for(&s->w, 0);
     Entry *entries = s->entries;
-    while (s->next < end && s->n_in_flight < window) {
-        Py_ssize_t t = s->next, prev = prev_of(s, t);
+    const uint8_t *copy0 = s->copy0;
+    const Py_ssize_t rounds = s->rounds, slots = s->slots;
+    Py_ssize_t *outbox = s->outbox + s->out_head + s->out_len, posted = 0;
+    Py_ssize_t walk_slot = s->walk_slot, walk_round = s->walk_round, sends = s->n_sends;
+    List timers = s->timers, sent = s->sends;
+    uint32_t fill_last = s->fill_last;
+    for (; next < end && in_flight < window; next++) {
+        Py_ssize_t t = next, prev = prev_of(s, t);
         if (prev >= 0 && !entries[prev].done)
             break;
-        if (post(s, t) < 0)
-            return -1;
+        outbox[posted++] = t;
         Entry *e = &entries[t];
-        place_next(s, e);
+        /* its slot and shadow copy (Reduction._slot_copy): data chunk d goes on slot d % slots, and each use
+         * of a slot flips its copy; the schedule is walked in order, so the division is a running slot
+         * and round */
+        if (t < rounds) {
+            e->slot = (uint16_t)t;
+            e->copy = copy0[t] & 1;
+        } else {
+            e->slot = (uint16_t)walk_slot;
+            e->copy = (uint8_t)((copy0[walk_slot] + walk_round + (walk_slot < rounds)) & 1);
+            if (++walk_slot == slots) {
+                walk_slot = 0;
+                walk_round++;
+            }
+        }
         e->used = (int8_t)(prev < 0 ? EXP_NONE : entries[prev].agreed);
         e->done = 0;  /* the arena's memory holds an earlier call's: t starts here */
         e->in_flight = 1;
         e->state = SENT;
         e->last_send = now;
-        e->order = s->n_sends++;
+        e->order = sends++;
         e->retries = 0;
-        s->n_in_flight++;
+        in_flight++;
         /* timer_set, for an entry after every other: (deadline, t) order is the deadline's alone. Its
          * place is nearly always the end. Where it is not (the RTO fell since the timers at the end were
          * set: a call's first results, whose new timers go before the whole first window's), the list
          * is in that order, so the place is the same sought from anywhere in it: from the entry fill()
          * timed last, where that is still out and before t, rather than back past every later one. */
         e->deadline = deadline;
-        uint32_t after = s->timers.tail, from = s->fill_last, later;
+        uint32_t after = timers.tail, from = fill_last, later;
         if (after != NONE && deadline < entries[after].deadline) {
             if (from != NONE && entries[from].in_flight && deadline >= entries[from].deadline) {
                 for (after = from; (later = entries[after].link[TIMERS][NEXT]) != NONE
@@ -578,11 +602,19 @@ PER_RESULT int fill(Stream *s, double now) {
                     after = entries[after].link[TIMERS][PREV];
             }
         }
-        list_insert(entries, &s->timers, TIMERS, t, after);
-        s->fill_last = (uint32_t)t;
-        list_insert(entries, &s->sends, SENDS, t, s->sends.tail);
-        s->next++;
+        list_insert(entries, &timers, TIMERS, t, after);
+        fill_last = (uint32_t)t;
+        list_insert(entries, &sent, SENDS, t, sent.tail);
     }
+    s->next = next;
+    s->n_in_flight = in_flight;
+    s->out_len += posted;
+    s->walk_slot = walk_slot;
+    s->walk_round = walk_round;
+    s->n_sends = sends;
+    s->timers = timers;
+    s->sends = sent;
+    s->fill_last = fill_last;
     return 0;
 }
 
@@ -852,8 +884,15 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         take_sums(s, p + HEADER_SIZE, t);
     }
     double sent = e->last_send;
-    if (e->retries == 0) {
-        win_on_result(&s->w, now - sent, now, sent >= s->first_result);
+    if (e->retries == 0) {  /* a round trip for the window, which learns once the batch is in (end_batch) */
+        double rtt = now - sent;
+        s->taken++;
+        s->longest = dmax(s->longest, rtt);
+        s->shortest = dmin(s->shortest, rtt);
+        if (sent >= s->first_result) {
+            s->settled++;
+            s->settled_shortest = dmin(s->settled_shortest, rtt);
+        }
         if (e->order > s->rack_order) {
             s->rack_order = e->order;
             s->rack_rtt = now - sent;
@@ -880,11 +919,25 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     s->probes = 0;
     s->stalled = 0;
     s->started = 1;
+    return 1;
+}
+
+/* Reduction.receive_batch's end: the window learns from the batch's round trips, and (new results in it)
+ * is filled. Returns -1 when out of memory. */
+static int end_batch(Stream *s, double now, Py_ssize_t fresh) {
+    if (s->taken) {
+        win_on_results(&s->w, now, s->taken, s->longest, s->shortest, s->settled, s->settled_shortest);
+        s->taken = s->settled = 0;
+        s->longest = -INFINITY;
+        s->shortest = s->settled_shortest = INFINITY;
+    }
+    if (!fresh)
+        return 0;
     if (fill(s, now) < 0)
         return -1;
     if (s->n_in_flight <= EARLY_PROBE)
         cap_tail(s);
-    return 1;
+    return 0;
 }
 
 PyDoc_STRVAR(receive_batch_doc,
@@ -928,6 +981,8 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
         rc = receive_one(s, (const unsigned char *)buf.buf + offs[i], lens[i], now);
         fresh += rc > 0;
     }
+    if (rc >= 0)
+        rc = end_batch(s, now, fresh);
     sa_store_fence();  /* the sums written past the cache (take_sums) are seen before what follows */
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
@@ -1235,6 +1290,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
+    s->longest = -INFINITY;
+    s->shortest = s->settled_shortest = INFINITY;
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
     if (has_call) {
         memcpy(s->call_row, call_row.buf, 4 * (size_t)k);
@@ -1337,7 +1394,7 @@ static PyObject *Stream_prepare(Stream *s, PyObject *args) {
 }
 
 /* Data chunk d's exponent is agreed once the entry before it on its slot is done (none: EXP_NONE).
- * Only entries the schedule reached (below next) hold anything (place_next). */
+ * Only entries the schedule reached (below next) hold anything (fill). */
 static int agreed_yet(const Stream *s, Py_ssize_t d) {
     Py_ssize_t prev = prev_of(s, s->rounds + d);
     return prev < 0 || (prev < s->next && s->entries[prev].done);

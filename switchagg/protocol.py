@@ -196,6 +196,10 @@ class Reduction:
         self._probe_from = now  # the last new result or probe: the next probe waits from here
         self._first_result = math.inf  # when this call's first result came
         self._stalled = False  # a packet went again for an RTO of silence since the last new result
+        # the receive batch's results of packets sent once, for the window (Window.on_results): how many,
+        # their longest and shortest round trips, and how many and the shortest of those settled
+        self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
+        self._settled, self._settled_shortest = 0, math.inf
         self._fill(now)
 
     # ---- the schedule ----------------------------------------------------------------------------
@@ -380,7 +384,9 @@ class Reduction:
         """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``
         (uint32 arrays, or memoryviews of them, as ``UdpSocket.drive`` gives).
 
-        Whatever is not a RESULT for this call is ignored; returns how many were new.
+        Whatever is not a RESULT for this call is ignored; returns how many were new. The batch is
+        taken whole, as TCP takes an ACK: each datagram's result, then the window learns from the
+        batch's round trips once (:meth:`Window.on_results`) and is filled once.
         """
         view = memoryview(buf).cast("B")
         fresh = 0
@@ -393,6 +399,14 @@ class Reduction:
                 fresh += self.receive(h, data[HEADER_SIZE:], now)
             elif h.type == PacketType.PENDING and length == HEADER_SIZE:
                 self.receive_pending(h, now)
+        if self._taken:
+            self.window.on_results(now, self._taken, self._longest, self._shortest, self._settled,
+                                   self._settled_shortest)
+            self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
+            self._settled, self._settled_shortest = 0, math.inf
+        if fresh:
+            self._fill(now)
+            self._cap_tail()
         return fresh
 
     def receive_pending(self, h: Header, now: float) -> None:
@@ -431,7 +445,8 @@ class Reduction:
         0) to every other rank, which completes it there: its exponent is the slot's next one. A result
         of one of this call's packets whose owner or count is not the packet's (values for a chunk
         another rank owns, none for one this rank owns) is a switch's error: counted
-        (:attr:`protocol_errors`) and ignored, never decoded, so the packet stays outstanding.
+        (:attr:`protocol_errors`) and ignored, never decoded, so the packet stays outstanding. What it
+        teaches the window, and what the window then sends, wait for the batch's end (:meth:`receive_batch`).
         """
         t = (h.chunk - self.first_id) & _U32
         if ((h.type, h.worker, h.job, h.generation, h.key) != self._result
@@ -452,8 +467,13 @@ class Reduction:
             d = t - self.rounds
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
-        if retries == 0:
-            self.window.on_result(now - sent, now, sent >= self._first_result)
+        if retries == 0:  # a round trip for the window, which learns once the batch is in (receive_batch)
+            rtt = now - sent
+            self._taken += 1
+            self._longest, self._shortest = max(self._longest, rtt), min(self._shortest, rtt)
+            if sent >= self._first_result:
+                self._settled += 1
+                self._settled_shortest = min(self._settled_shortest, rtt)
             if order > self._rack_order:
                 self._rack_order, self._rack_rtt = order, now - sent
         elif state != WAITING and self.window.is_spurious(now - sent):
@@ -473,8 +493,6 @@ class Reduction:
         self._probes = 0
         self._stalled = False
         self.started = True
-        self._fill(now)
-        self._cap_tail()
         return True
 
     def _cap_tail(self) -> None:

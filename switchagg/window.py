@@ -116,28 +116,43 @@ class Window:
          self.resend_dev, self.losses, self.max_size) = state
 
     def on_result(self, rtt: float, now: float, settled: bool = True) -> None:
-        """A result ``rtt`` seconds after its packet's one send, at ``now``: learn, and grow the window,
-        or shrink it when even the shortest round trip of the last one shows more queue than it stands.
+        """A result ``rtt`` seconds after its packet's one send, at ``now``: :meth:`on_results` of one.
 
         ``settled``: the packet left after its call's first result, so its round trip holds no wait
         for peers still on their way to the call; only those round trips tell of a queue.
         """
+        self.on_results(now, 1, rtt, rtt, int(settled), rtt)
+
+    def on_results(self, now: float, count: int, longest: float, shortest: float, settled: int,
+                   settled_shortest: float) -> None:
+        """``count`` results taken together at ``now`` (a receive batch, as TCP takes an ACK of many
+        segments), of packets sent once: learn once, and grow the window as much as ``count`` results
+        grow it, or shrink it when even the shortest round trip of the last one shows more queue than
+        it stands.
+
+        ``longest`` (the oldest send's round trip, TCP's sample) is the RTO's one sample: a batch's
+        results mostly left together, and one sample per packet would turn the smoothed round trip
+        into the last few packets' (RFC 7323's appendix G) at a cost per packet. ``shortest`` is the
+        path's; ``settled`` of the results are of packets that left after their call's first result,
+        so their round trips hold no wait for peers still on their way to the call, and only those
+        (the shortest of them ``settled_shortest``) tell of a queue.
+        """
         if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2
+            self.srtt, self.rttvar = longest, longest / 2
         else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.min_rtt = min(self.min_rtt, rtt)
-        self.since_loss = min(self.since_loss + 1, LOSSY_RESULTS)
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - longest)
+            self.srtt = 0.875 * self.srtt + 0.125 * longest
+        self.min_rtt = min(self.min_rtt, shortest)
+        self.since_loss = min(self.since_loss + count, LOSSY_RESULTS)
         # At least 1.5 round trips: a result also waits for the slowest peer's packet.
         self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
         if settled:
             if not self._delay_samples:  # a round trip's results are taken from the first one on, for two
                 # recent round trips: after a peer's stall, the burst of late results that ends it and
                 # the results of what left after it, not only the burst
-                self._delay_until = now + 2 * min(rtt, self.recent_rtt)
-            self._delay_min = min(self._delay_min, rtt)
-            self._delay_samples += 1
+                self._delay_until = now + 2 * min(settled_shortest, self.recent_rtt)
+            self._delay_min = min(self._delay_min, settled_shortest)
+            self._delay_samples += settled
             if self._delay_samples >= DELAY_SAMPLES and now >= self._delay_until:
                 # Its shortest round trip is the queue's (a result that waited for a peer, stalled or
                 # resending a lost contribution, is never the shortest of many).
@@ -151,8 +166,15 @@ class Window:
                     self.cwnd = max(1.0, self.cwnd * max(0.5, 1 - DELAY_BETA * queue / low))
                     self.ssthresh = self.cwnd
                     return
-        growth = 1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd
-        self.cwnd = min(float(self.max_size), self.cwnd + growth)
+        # +1 a result in slow start, up to ssthresh, and 1/cwnd a result after (as Linux's Reno
+        # takes an ACK's count of segments)
+        if self.cwnd < self.ssthresh:
+            steps = min(count, math.ceil(self.ssthresh - self.cwnd))
+            self.cwnd += steps
+            count -= steps
+        if count:
+            self.cwnd += count / self.cwnd
+        self.cwnd = min(float(self.max_size), self.cwnd)
 
     def on_resend_result(self, wait: float) -> None:
         """A resent packet's result came ``wait`` seconds after its first resend (which may have had to

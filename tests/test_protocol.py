@@ -458,16 +458,53 @@ def _one_worker_call(impl: str, n_chunks: int, *, started: bool = False, window:
                                 progress_timeout=5.0, started=started)
     rows = np.empty((8, datagram_size(16)), np.uint8)
     size = datagram_size(16)
+    held: list[bytes] = []
 
-    def send_and_answer(now: float, drop: Collection[int] = ()) -> None:
-        """Everything due goes out; what is not dropped (by chunk id) comes back at ``now``."""
+    def send_and_answer(now: float, drop: Collection[int] = (), hold: Collection[int] = ()) -> None:
+        """Everything due goes out; what is not dropped (by chunk id) comes back at ``now``, in one receive
+        batch, except what is held, which comes first in the next call's batch."""
         n = red.emit(rows, np.zeros(len(rows), np.uint32))
-        sums = [e.payload() for row in rows[:n] if int.from_bytes(row[8:12], "big") not in drop
-                for e in model.process(row.tobytes(), job.address(0))]
+        sums = held[:]
+        held.clear()
+        for row in rows[:n]:
+            chunk = int.from_bytes(row[8:12], "big")
+            if chunk not in drop:
+                for e in model.process(row.tobytes(), job.address(0)):
+                    (held if chunk in hold else sums).append(e.payload())
         red.receive_batch(b"".join(sums), (size * np.arange(len(sums))).astype(np.uint32),
                           np.full(len(sums), size, np.uint32), now)
 
     return red, send_and_answer
+
+
+def test_a_receive_batch_teaches_the_window_one_round_trip_its_oldest_packets(impl):
+    """A batch of results is taken as TCP takes an ACK of many segments: the RTO's estimate takes one
+    sample, the longest round trip (the oldest send's), not one a result, which would leave the
+    smoothed round trip the last few results'; the shortest still sets the path's shortest."""
+    red, send_and_answer = _one_worker_call(impl, 8)  # a window of 2: chunks 0 and 1 leave at 0
+    send_and_answer(0.010, hold={1})  # chunk 0's result; chunk 1's waits for the next batch
+    assert red.window.srtt == 0.010
+    send_and_answer(0.020)  # chunk 1's (sent at 0) and those of chunks 2 and 3 (sent at 10 ms), at 20 ms
+    w = red.window
+    assert w.srtt == pytest.approx(0.875 * 0.010 + 0.125 * 0.020, rel=1e-12)
+    assert w.rttvar == pytest.approx(0.75 * 0.005 + 0.25 * 0.010, rel=1e-12)
+    assert w.min_rtt == 0.010
+
+
+def test_a_batch_grows_the_window_as_its_results_would_one_by_one():
+    """Slow start takes a batch's results one a step up to ssthresh, congestion avoidance the rest at
+    1/cwnd each (as Linux's Reno takes an ACK's count); one result is Window.on_result's step."""
+    w = Window(64, initial=4)
+    w.ssthresh = 10.0
+    w.on_results(1.0, 8, 0.01, 0.01, 0, math.inf)
+    first = 10.0 + 2 / 10.0
+    assert w.cwnd == first
+    w.on_results(1.1, 3, 0.01, 0.01, 0, math.inf)
+    assert w.cwnd == first + 3 / first
+    one, batch = Window(64, initial=4), Window(64, initial=4)
+    one.on_result(0.01, 1.0, settled=False)
+    batch.on_results(1.0, 1, 0.01, 0.01, 0, math.inf)
+    assert one.state() == batch.state()
 
 
 def test_a_packet_whose_successors_came_back_is_resent_before_its_timeout(impl):
