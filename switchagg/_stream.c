@@ -534,6 +534,12 @@ static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int sta
     return 0;
 }
 
+/* How many entries ahead fill() asks for an entry's line, owned (sa_prefetch): the entries it starts are a
+ * window ahead of those just answered, so their lines were last written a call ago and come from memory,
+ * and each of fill's first stores to one waited on its read for ownership (a third of fill's time at
+ * K = 64; asked for 32-64 entries ahead, the decode through the stream ran 8% faster, alternated). */
+#define FILL_AHEAD 48
+
 /* Reduction._fill: each entry's first send, in schedule order, while the window and the schedule allow.
  * It runs once a receive batch over what the batch's results let go, so what it changes of the stream
  * is kept in locals and stored once at the end: an entry's byte-wide fields are stored through a type
@@ -562,6 +568,8 @@ static int fill(Stream *s, double now) {
         if (prev >= 0 && !entries[prev].done)
             break;
         outbox[posted++] = t;
+        if (t + FILL_AHEAD < end)
+            sa_prefetch(&entries[t + FILL_AHEAD], sizeof *entries, 1);
         Entry *e = &entries[t];
         /* its slot and shadow copy (Reduction._slot_copy): data chunk d goes on slot d % slots, and each use
          * of a slot flips its copy; the schedule is walked in order, so the division is a running slot

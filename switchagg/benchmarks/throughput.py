@@ -181,8 +181,10 @@ def _process_cpu(pid: int) -> tuple[float, float] | None:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
-    """GB/s of float32 through the worker's C stream, one core: quantize+pack, unpack+dequantize.
+def codec_speed(k: int, n: int, numel: int = 1 << 24, calls_timed: int = 3) -> tuple[float, float]:
+    """GB/s of float32 through the worker's C stream, one core: quantize+pack, unpack+dequantize,
+    each the median of ``calls_timed`` calls (as :func:`copy_speed`'s copy is of three: one call of a
+    64 MiB tensor is 10-20 ms, which a neighbour on the host could slow by a third).
 
     The stream writes whole windows of packets per call (header and quantized values straight
     into the rows a socket sends from) and takes whole batches of results back; here each
@@ -226,7 +228,8 @@ def codec_speed(k: int, n: int, numel: int = 1 << 24) -> tuple[float, float]:
         return enc, dec
 
     one_call()  # the first call also faults in out's pages, as a training loop's first step does
-    enc, dec = one_call()
+    timed = [one_call() for _ in range(calls_timed)]
+    enc, dec = (statistics.median(side) for side in zip(*timed, strict=True))
     return x.nbytes / enc / 1e9, x.nbytes / dec / 1e9
 
 
@@ -421,7 +424,7 @@ def run_bench(*, workers: int = 4, mib: float = 64, reps: int = 5, ks: Sequence[
         ceilings[k] = gso
         enc, dec = codec_speed(k, workers)
         print(f"K={k}: {slot_counts[k]} slots, transport {runs[k][-1]['backend']}; codec through the worker's "
-              f"stream (one core): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s "
+              f"stream (one core, median of 3 calls): quantize+pack {enc:.2f} GB/s, unpack+dequantize {dec:.2f} GB/s "
               f"({enc / copy:.2f}x and {dec / copy:.2f}x a plain copy's {copy:.2f} GB/s); one sender to "
               f"one receiver, {size}-byte datagrams: {gso / 1e3:.0f}k/s with GSO/GRO, {plain / 1e3:.0f}k/s with "
               f"sendmmsg/recvmmsg")
