@@ -771,9 +771,9 @@ static PyObject *Stream_emit(Stream *s, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* ---- receiving (Reduction.receive, and the client's checks before it) -------------------------- */
+/* ---- receiving (Reduction._receive, and the client's checks before it) ------------------------- */
 
-/* A PENDING, the answer to a QUERY (Reduction.receive_pending): the contribution goes again when this
+/* A PENDING, the answer to a QUERY (Reduction._receive_pending): the contribution goes again when this
  * worker's bit is clear or every bit is set; else a peer's is missing and t waits as if sent now.
  * Returns 0, or -1 when out of memory. */
 static int receive_pending(Stream *s, const unsigned char *p, double now) {

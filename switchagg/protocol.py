@@ -151,7 +151,7 @@ class Reduction:
         back as (:func:`switchagg.calls.rows`); None runs int32 data alone (the join's sums).
         ``layout`` is a reduce-scatter's (:class:`~switchagg.calls.Layout`, ``n_chunks`` of its
         chunks): each data chunk goes out marked with its owner, and only the owner's chunks come
-        back with values (:meth:`receive`); None is an allreduce.
+        back with values (:meth:`_receive`); None is an allreduce.
         """
         self.params, self.window, self.payloads = params, window, payloads
         self.n_chunks, self.first_id = n_chunks, first_id
@@ -396,9 +396,9 @@ class Reduction:
                 continue
             h = unpack_header(data)
             if h.type == PacketType.RESULT and length == HEADER_SIZE + 4 * h.count:
-                fresh += self.receive(h, data[HEADER_SIZE:], now)
+                fresh += self._receive(h, data[HEADER_SIZE:], now)
             elif h.type == PacketType.PENDING and length == HEADER_SIZE:
-                self.receive_pending(h, now)
+                self._receive_pending(h, now)
         if self._taken:
             self.window.on_results(now, self._taken, self._longest, self._shortest, self._settled,
                                    self._settled_shortest)
@@ -409,7 +409,7 @@ class Reduction:
             self._cap_tail()
         return fresh
 
-    def receive_pending(self, h: Header, now: float) -> None:
+    def _receive_pending(self, h: Header, now: float) -> None:
         """Take the switch's answer to a QUERY: the bitmap of workers its slot copy has counted.
 
         With this worker's bit clear its contribution was lost, and with every bit set the result
@@ -437,7 +437,7 @@ class Reduction:
         self._sends += 1
         heapq.heappush(self._timers, (entry[4], t))
 
-    def receive(self, h: Header, values: Buffer, now: float) -> bool:
+    def _receive(self, h: Header, values: Buffer, now: float) -> bool:
         """Take a RESULT addressed to this worker (``values``: its ``count`` big-endian int32); returns
         whether it was new.
 
