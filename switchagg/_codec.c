@@ -181,9 +181,11 @@ AVX512 static inline __m128 dequantize4(const unsigned char *s, __m128 a) {
  * (a 64 MiB numpy array starts 16 bytes into a page), which the buffer combines with the neighbour's when
  * that comes next, as a call's results mostly do: plain stores there, mixed with the streamed ones, made
  * the whole slower than plain stores throughout. Where y is not 16-byte aligned, plain stores. */
-AVX512 static Py_ssize_t dequantize_nt_avx512(const unsigned char *s, float *y, Py_ssize_t n, float scale) {
-    if ((uintptr_t)y & 15)
-        return dequantize_avx512(s, y, n, scale);
+AVX512 static void dequantize_nt_avx512(const unsigned char *s, float *y, Py_ssize_t n, float scale) {
+    if ((uintptr_t)y & 15) {
+        dequantize_avx512(s, y, n, scale);
+        return;
+    }
     const __m512 a = _mm512_set1_ps(scale);
     const __m128 a4 = _mm_set1_ps(scale);
     Py_ssize_t i = 0, line = (Py_ssize_t)(((64 - ((uintptr_t)y & 63)) & 63) / 4);  /* floats before y's first line */
@@ -200,7 +202,6 @@ AVX512 static Py_ssize_t dequantize_nt_avx512(const unsigned char *s, float *y, 
         __m512i v = swap32x16(_mm512_maskz_loadu_epi32(m, s + 4 * i));
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(v), a));
     }
-    return n;
 }
 
 AVX2 static Py_ssize_t add_be_avx2(const unsigned char *s, unsigned char *acc, Py_ssize_t n) {

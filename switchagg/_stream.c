@@ -903,7 +903,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         }
         if (e->order > s->rack_order) {
             s->rack_order = e->order;
-            s->rack_rtt = now - sent;
+            s->rack_rtt = rtt;
         }
     } else if (e->state != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
         double first_send = s->resends[t].first_send;
@@ -930,14 +930,19 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     return 1;
 }
 
+/* Reduction._start_batch: no results yet of the receive batch's packets sent once */
+static void start_batch(Stream *s) {
+    s->taken = s->settled = 0;
+    s->longest = -INFINITY;
+    s->shortest = s->settled_shortest = INFINITY;
+}
+
 /* Reduction.receive_batch's end: the window learns from the batch's round trips, and (new results in it)
  * is filled. Returns -1 when out of memory. */
 static int end_batch(Stream *s, double now, Py_ssize_t fresh) {
     if (s->taken) {
         win_on_results(&s->w, now, s->taken, s->longest, s->shortest, s->settled, s->settled_shortest);
-        s->taken = s->settled = 0;
-        s->longest = -INFINITY;
-        s->shortest = s->settled_shortest = INFINITY;
+        start_batch(s);
     }
     if (!fresh)
         return 0;
@@ -1298,8 +1303,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->rack_order = -1;
     s->probe_from = now;
     s->first_result = INFINITY;
-    s->longest = -INFINITY;
-    s->shortest = s->settled_shortest = INFINITY;
+    start_batch(s);
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
     if (has_call) {
         memcpy(s->call_row, call_row.buf, 4 * (size_t)k);

@@ -196,10 +196,7 @@ class Reduction:
         self._probe_from = now  # the last new result or probe: the next probe waits from here
         self._first_result = math.inf  # when this call's first result came
         self._stalled = False  # a packet went again for an RTO of silence since the last new result
-        # the receive batch's results of packets sent once, for the window (Window.on_results): how many,
-        # their longest and shortest round trips, and how many and the shortest of those settled
-        self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
-        self._settled, self._settled_shortest = 0, math.inf
+        self._start_batch()
         self._fill(now)
 
     # ---- the schedule ----------------------------------------------------------------------------
@@ -402,12 +399,17 @@ class Reduction:
         if self._taken:
             self.window.on_results(now, self._taken, self._longest, self._shortest, self._settled,
                                    self._settled_shortest)
-            self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
-            self._settled, self._settled_shortest = 0, math.inf
+            self._start_batch()
         if fresh:
             self._fill(now)
             self._cap_tail()
         return fresh
+
+    def _start_batch(self) -> None:
+        """No results yet of the receive batch's packets sent once, for the window (Window.on_results): how
+        many, their longest and shortest round trips, and how many and the shortest of those settled."""
+        self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
+        self._settled, self._settled_shortest = 0, math.inf
 
     def _receive_pending(self, h: Header, now: float) -> None:
         """Take the switch's answer to a QUERY: the bitmap of workers its slot copy has counted.
@@ -475,7 +477,7 @@ class Reduction:
                 self._settled += 1
                 self._settled_shortest = min(self._settled_shortest, rtt)
             if order > self._rack_order:
-                self._rack_order, self._rack_rtt = order, now - sent
+                self._rack_order, self._rack_rtt = order, rtt
         elif state != WAITING and self.window.is_spurious(now - sent):
             self.window.undo()
             self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
