@@ -40,3 +40,8 @@ class PeerFailed(SwitchAggError, RuntimeError):
     That rank raises its own error for the call; every other rank raises this one, and the
     ranks' next calls stay paired.
     """
+
+
+class NoRoom(SwitchAggError):
+    """The switch has no slots (or job entries) free for a process group's jobs: the group sums through
+    its fallback backend instead, and says so."""

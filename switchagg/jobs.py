@@ -161,6 +161,52 @@ class JobTable:
         self._jobs[entry.job_id] = entry
 
 
+MIN_SHARED_SLOTS = 16  # the fewest slots a job is sized down to where the pool is shared (default_slot_count's floor)
+
+
+def fit_jobs(installed: dict[int, tuple[int, int]], num_slots: int, count: int, wanted: int,
+             max_jobs: int | None = None, shrink: bool = True) -> tuple[int, list[int]] | None:
+    """Where ``count`` new jobs of equal size go among ``installed`` ``{job: (base, count)}``: ``(size, bases)``.
+
+    A pool is shared by every process group on the switch (FSDP2, HSDP and DeviceMesh programs make
+    several), so a job is not handed the ``wanted`` slots whatever is left: it takes ``wanted`` (a
+    window's worth) only while that leaves as many slots free for the groups after it, and else the
+    largest power of two that does, down to :data:`MIN_SHARED_SLOTS`, which it takes wherever they
+    fit. None when not even that fits (or the switch's job table is full): the caller falls back.
+    ``shrink=False`` asks for ``wanted`` slots exactly, wherever they fit (a count the user gave).
+    """
+    if count < 1 or wanted < 1:
+        return None
+    if max_jobs is not None and len(installed) + count > max_jobs:
+        return None
+    gaps, start = [], 0
+    for base, size in sorted(installed.values()):
+        if base > start:
+            gaps.append((start, base - start))
+        start = max(start, base + size)
+    if start < num_slots:
+        gaps.append((start, num_slots - start))
+    free = sum(g for _, g in gaps)
+    sizes = [wanted] + [1 << b for b in range(wanted.bit_length() - 1, -1, -1) if 1 << b < wanted]
+    sizes = [s for s in sizes if s >= min(MIN_SHARED_SLOTS, wanted)] if shrink else [wanted]
+    for size in sizes:
+        bases = _first_fit(gaps, count, size)
+        last = size == sizes[-1]
+        if bases is not None and (2 * count * size <= free or last):
+            return size, bases
+    return None
+
+
+def _first_fit(gaps: list[tuple[int, int]], count: int, size: int) -> list[int] | None:
+    """The bases of ``count`` runs of ``size`` slots placed lowest first in ``gaps``, or None."""
+    bases = []
+    for start, length in gaps:
+        while length >= size and len(bases) < count:
+            bases.append(start)
+            start, length = start + size, length - size
+    return bases if len(bases) == count else None
+
+
 def named_counters(global_counts: list[int], job_counts: list[int] | None) -> tuple[dict[str, int], dict[str, int]]:
     """Counter arrays indexed as the P4 program indexes them, by name: switch-wide drops, one job's events."""
     return ({d.name.lower(): int(global_counts[d]) for d in GlobalDrop},

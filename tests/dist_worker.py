@@ -1,7 +1,8 @@
 """What each rank of the backend tests runs, in its own spawned process (torch.distributed needs one).
 
 Every function is ``fn(rank, queue, world, env, port, ...)``: it sets the ``SWITCHAGG_*`` variables
-``env``, forms the group on a TCP store at ``port``, and puts its findings on ``queue`` for the test.
+``env`` (one dict for every rank, or a list of one per rank: each its own ``SWITCHAGG_NODE``), forms
+the group on a TCP store at ``port``, and puts its findings on ``queue`` for the test.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 
-def _init(rank: int, world: int, env: dict[str, str], port: int, backend: str = "switchagg",
+def _init(rank: int, world: int, env: dict[str, str] | list[dict[str, str]], port: int, backend: str = "switchagg",
           timeout: timedelta | None = None) -> None:
-    os.environ.update(env)
+    os.environ.update(env[rank] if isinstance(env, list) else env)
     import switchagg.distributed  # noqa: F401 - registers the backend
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -170,3 +171,87 @@ def fallback_calls(rank: int, queue: Any, world: int, env: dict[str, str], port:
     dist.broadcast(sent[0], src=world - 1)
     queue.put((rank, "result", {"rounds": rounds, "last": int(sent[0])}))
     dist.destroy_process_group()
+
+
+def hierarchical(rank: int, queue: Any, world: int, env: list[dict[str, str]], port: int, sizes: list[int]) -> None:
+    """A group whose ranks share nodes: all_reduce and reduce_scatter of each dtype the switch carries,
+    SUM and AVG, with the rails' jobs as the switch lists them while the group lives."""
+    _init(rank, world, env, port)
+    pg = dist.group.WORLD
+    out: dict[str, Any] = {"layout": pg.layout.to_json(), "job": pg.formed.config.job_id,
+                           "workers": pg.formed.config.n_workers}
+    sent = pg.client.transport_stats.bytes_sent
+    for i, n in enumerate(sizes):
+        for dtype in (torch.int32, torch.float32, torch.float16, torch.bfloat16):
+            x = _values(rank, n * world, dtype, i)
+            y = x[:n].clone()
+            dist.all_reduce(y)
+            out[f"all_reduce {dtype} {n}"] = y.float().numpy()
+            shard = torch.empty(n, dtype=dtype)
+            dist.reduce_scatter_tensor(shard, x)
+            out[f"reduce_scatter {dtype} {n}"] = shard.float().numpy()
+    mean = _values(rank, 1000, torch.float32, 99)
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    out["avg"] = mean.numpy()
+    shard = torch.empty(10)
+    dist.reduce_scatter_tensor(shard, _values(rank, 10 * world, torch.float32, 98), op=dist.ReduceOp.AVG)
+    out["avg_shard"] = shard.numpy()
+    works = [dist.all_reduce(torch.full((3000,), rank + i, dtype=torch.int32), async_op=True) for i in range(6)]
+    out["in_flight"] = [int(w.get_future().wait()[0][0]) for w in works]  # six calls queued before any is waited
+    m = torch.tensor([float(rank)])
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    out["max"] = m.item()
+    out["sent"] = pg.client.transport_stats.bytes_sent - sent
+    if rank == 0:
+        from switchagg.targets import TargetOptions, open_target
+
+        out["switch_jobs"] = open_target("soft", TargetOptions(address=env[0]["SWITCHAGG_CONTROL"])).jobs()
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))
+
+
+def failing_rail(rank: int, queue: Any, world: int, env: list[dict[str, str]], port: int) -> None:
+    """One rail's switch call fails (the last rank hands its client what it cannot sum): every rank's
+    call fails, the next is paired as ever, and NaN on one rank reaches every rank as allreduce's does."""
+    _init(rank, world, env, port)
+    pg = dist.group.WORLD
+    if rank == world - 1:
+        sane = pg.client.allreduce_async
+        pg.client.allreduce_async = lambda x, op, out: sane(x, op="max", out=out)  # an op the client refuses
+    errors = []
+    for _ in range(2):
+        try:
+            dist.all_reduce(torch.ones(4000))
+            errors.append("no error")
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            errors.append(type(exc).__name__)
+    if rank == world - 1:
+        pg.client.allreduce_async = sane
+    after = torch.ones(10, dtype=torch.int32)
+    dist.all_reduce(after)
+    x = torch.ones(4000)
+    if rank == world - 1:
+        x[-1] = float("nan")  # the last shard: the last local rank's rail
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"errors": errors, "after": after.tolist(), "nan": bool(x[-1].isnan()),
+                                "finite": float(x[:-64].max())}))
+
+
+def many_groups(rank: int, queue: Any, world: int, env: dict[str, str], port: int, groups: int) -> None:
+    """``groups`` switchagg groups beside the world group, all alive at once, each summing its own values."""
+    _init(rank, world, env, port)
+    made = [dist.new_group(list(range(world)), backend="switchagg") for _ in range(groups)]
+    sums, places = [], []
+    for i, g in enumerate(made):
+        t = torch.full((2000,), (rank + 1) * (i + 1), dtype=torch.int32)
+        dist.all_reduce(t, group=g)
+        sums.append(sorted(set(t.tolist())))
+        places.append(None if g.formed.client is None else (g.formed.config.slot_base, g.formed.config.slot_count))
+    one = dist.new_group([0], backend="switchagg")  # every rank calls new_group; rank 0 alone is in it
+    if rank == 0:
+        t = torch.ones(5)
+        dist.all_reduce(t, group=one)
+        places.append(one.formed.fallback)
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"sums": sums, "places": places}))

@@ -21,7 +21,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "switch.server"),  # the switch: semantics, then the server around them
     ("targets.base", "targets.p4c", "targets.p4job", "targets.bfrt", "targets.tofino_build", "targets.soft",
      "targets.bmv2", "targets.tofino", "targets"),  # control planes
-    ("client", "loopback", "torch_futures", "ddp", "distributed.options", "distributed.rendezvous",
+    ("client", "loopback", "torch_futures", "ddp", "distributed.options", "distributed.topology",
+     "distributed.rendezvous", "distributed.hierarchy",
      "distributed.group", "distributed.fsdp", "distributed"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
      "benchmarks.loss", "benchmarks.throughput", "benchmarks.training", "", "__main__", "switch"),  # programs

@@ -28,11 +28,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroupGloo
 
 from ..torch_futures import failed_future, torch_future
+from .hierarchy import Hierarchy
 from .options import Options
 from .rendezvous import Formed, finish, form
+from .topology import Layout
 
 _CARRIED = {torch.float32, torch.float16, torch.bfloat16, torch.int32}
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
@@ -54,14 +56,31 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
         self.formed: Formed | None = form(store, rank, size, options, timeout)
+        self._hierarchy: Hierarchy | None = None
+        if self.formed.client is not None and self.formed.layout.hierarchical:
+            self._hierarchy = Hierarchy(store, self.formed.prefix, self.formed.layout, rank, self.formed.client,
+                                        timeout)
         atexit.register(_shut_down, weakref.ref(self))  # a program that never calls destroy_process_group
 
     @property
     def client(self) -> Any:
-        """This rank's :class:`~switchagg.client.Client` (its counters, its session)."""
+        """This rank's :class:`~switchagg.client.Client` (its counters, its session): in a hierarchical
+        group, its rail's."""
         if self.formed is None:
             raise RuntimeError("this switchagg process group was shut down: create a new one")
+        if self.formed.client is None:
+            raise RuntimeError(f"this switchagg process group sums through its fallback backend, not the switch: "
+                               f"{self.formed.fallback}")
         return self.formed.client
+
+    @property
+    def layout(self) -> Layout | None:
+        """Which ranks share a node and which job (a rail's, or the one flat job) each is a worker of."""
+        return None if self.formed is None else self.formed.layout
+
+    def _on_switch(self) -> bool:
+        """Whether this group's sums go through the switch (not shut down, not fallen back)."""
+        return self.formed is not None and self.formed.client is not None
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name for it
         return "switchagg"
@@ -70,17 +89,23 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = _allreduce_options(opts)
-        op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 else None  # one tensor a call
+        op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 and self._on_switch() else None  # one a call
         if op is None:
             return self._fallback(tensors[0]).allreduce(tensors, opts)
         t = tensors[0]
+        if self._hierarchy is not None:
+            hierarchy = self._hierarchy
+            return self._work(t, lambda: hierarchy.allreduce(t, op == "mean"), lambda _: [t])
         return self._work(t, lambda: self.client.allreduce_async(t, op=op, out=t), lambda _: [t])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.ReduceScatterOptions()
-        op = _switch_op(opts.reduceOp, [output, input])
+        op = _switch_op(opts.reduceOp, [output, input]) if self._on_switch() else None
         if op is None or input.numel() != output.numel() * self.size() or self.options.target in _NO_OWNER_DELIVERY:
             return self._fallback(input)._reduce_scatter_base(output, input, opts)
+        if self._hierarchy is not None:
+            hierarchy = self._hierarchy
+            return self._work(output, lambda: hierarchy.reduce_scatter(output, input, op == "mean"), lambda _: [output])
         return self._work(output, lambda: self.client.reduce_scatter_async(input, op=op, out=output),
                           lambda _: [output])
 
@@ -88,7 +113,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.AllgatherOptions()
-        if (self.options.all_gather != "switch" or output.dtype != input.dtype or not _dense(output, input)
+        if (self.options.all_gather != "switch" or not self._on_switch() or self._hierarchy is not None
+                or output.dtype != input.dtype or not _dense(output, input)
                 or output.numel() != input.numel() * self.size()):
             return self._fallback(input)._allgather_base(output, input, opts)
         return self._gather_through_switch(output, input)
@@ -134,6 +160,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
         """Close the client and remove the job from the switch (``destroy_process_group`` calls this)."""
         if self.formed is not None:
             formed, self.formed = self.formed, None
+            if self._hierarchy is not None:
+                self._hierarchy.close()
             finish(self._store, self.rank(), self.size(), formed)
 
     # ---- helpers ---------------------------------------------------------------------------------
@@ -146,8 +174,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
         try:
             done = start()
         except BaseException as exc:  # noqa: BLE001 - e.g. a closed client: wait() raises it
-            return _create_work_from_future(failed_future(exc, tensor.device))
-        return _create_work_from_future(torch_future(done, tensor.device, value))
+            return _CallWork(failed_future(exc, tensor.device))
+        return _CallWork(torch_future(done, tensor.device, value))
 
     def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         """All-gather as an int32 sum: each rank's bytes in its own words, zeros in everyone else's."""
@@ -162,6 +190,30 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             return [output]
 
         return self._work(output, lambda: self.client.allreduce_async(buf, op="sum", out=buf), place)
+
+
+class _CallWork(dist.Work):
+    """A call through the switch as torch's Work: ``wait()`` raises the call's error.
+
+    torch's own Work over a Future (``_create_work_from_future``) waits and returns True whatever the
+    Future holds, so a failed call would leave its tensor as it was, unsummed, and the program would go
+    on: ``dist.all_reduce`` calls ``wait()`` and nothing else. A Python Work (as torch's
+    ``test_c10d_pypg.py`` writes one) waits on the Future itself, which raises.
+    """
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._future.wait()  # raises the call's error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
 
 
 def _shut_down(group: weakref.ref[SwitchAggProcessGroup]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..config import LOSS_RECOVERY, Endpoint, JobConfig
@@ -36,6 +36,7 @@ ENV = {
     "start_timeout": "SWITCHAGG_START_TIMEOUT",
     "stall_timeout": "SWITCHAGG_STALL_TIMEOUT",
     "all_gather": "SWITCHAGG_ALL_GATHER",
+    "node": "SWITCHAGG_NODE",
 }
 _INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port"}
 _FLOATS = {"start_timeout", "stall_timeout"}
@@ -52,6 +53,12 @@ class Options:
     from what the switch has free unless given. ``mac`` and ``switch_port`` are this rank's, for the
     P4 targets' tables. ``all_gather``:
     ``"delegate"`` (the fallback group, the faster here: see the README) or ``"switch"``.
+
+    ``node`` names the machine this rank runs on (:mod:`.topology`; by default torchrun's
+    ``GROUP_RANK``, else the host name): where a group's ranks share nodes, each node reduces
+    locally first and each local rank's *rail* is a switch job of its own, one worker per node.
+    ``switch`` and ``control`` may list one address per rail, comma-separated (a node with a NIC per
+    rail); rail ``r`` takes the ``r % len``-th.
     """
 
     switch: str | None = None
@@ -69,14 +76,22 @@ class Options:
     start_timeout: float = 60.0
     stall_timeout: float = 5.0
     all_gather: str = "delegate"
+    node: str | None = None
 
     def __post_init__(self) -> None:
         if self.switch is None and self.config is None:
             raise ConfigError("the switchagg backend needs to know where the switch is: set SWITCHAGG_SWITCH "
                               "(its UDP address, e.g. 127.0.0.1:16711) and, for the embedded switch, "
                               "SWITCHAGG_CONTROL (its control port), or SWITCHAGG_CONFIG (a job file)")
-        if self.switch is not None:
-            Endpoint.parse(self.switch, ENV["switch"])
+        for name in ("switch", "control"):
+            given = getattr(self, name)
+            if given is not None and not all(_split(given)):
+                raise ConfigError(f"{ENV[name]} = {given!r}: give an address, or one per rail separated by commas")
+        for address in _split(self.switch):
+            Endpoint.parse(address, ENV["switch"])
+        if self.control is not None and len(_split(self.control)) not in (1, len(_split(self.switch))):
+            raise ConfigError(f"{ENV['control']} lists {len(_split(self.control))} addresses and {ENV['switch']} "
+                              f"{len(_split(self.switch))}: give one control address, or one per switch")
         if not 1 <= self.values_per_packet <= MAX_VALUES_PER_PACKET:
             raise ConfigError(f"{ENV['values_per_packet']} = {self.values_per_packet}: use 1..{MAX_VALUES_PER_PACKET}"
                               f" ({P4_VALUES_PER_PACKET} is what a P4 switch sums)")
@@ -106,7 +121,18 @@ class Options:
         """The job file's config, where ``config`` names one."""
         return JobConfig.from_file(self.config) if self.config else None
 
+    def rail(self, rail: int) -> Options:
+        """These options for rail ``rail``'s job: its own switch and control address where several are listed."""
+        switches, controls = _split(self.switch), _split(self.control)
+        return replace(self, switch=switches[rail % len(switches)] if switches else None,
+                       control=controls[rail % len(controls)] if controls else None)
+
     @property
     def slots(self) -> int:
         """The job's slot count: as given, else the default for its K."""
         return self.slot_count or default_slot_count(self.values_per_packet)
+
+
+def _split(addresses: str | None) -> list[str]:
+    """A comma-separated list of addresses (one per rail), each stripped; [] for None."""
+    return [] if addresses is None else [a.strip() for a in addresses.split(",")]

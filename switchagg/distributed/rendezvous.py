@@ -27,9 +27,11 @@ import torch.distributed as dist
 
 from ..client import Client
 from ..config import Endpoint, JobConfig, WorkerSpec
-from ..errors import ConfigError, JobNotStarted, SwitchAggError
+from ..errors import ConfigError, JobNotStarted, NoRoom, SwitchAggError
+from ..jobs import MIN_SHARED_SLOTS, fit_jobs
 from ..targets import Target, TargetOptions, open_target
 from ..targets.base import UnsupportedOperation
+from .topology import Layout, node_identity
 
 _ROOT = "switchagg"
 _PICK_TRIES = 8  # fresh picks of a job id and slots when another group took them between status and deploy
@@ -38,48 +40,63 @@ _CLOSE_WAIT = timedelta(seconds=10)  # how long rank 0 waits for its peers to cl
 
 @dataclass
 class Formed:
-    """A rank's part of a deployed job: its client, and on rank 0 the target it undeploys from."""
+    """A rank's part of a group's jobs: its client in its job, and on rank 0 the targets it undeploys from.
 
-    config: JobConfig
-    client: Client
-    target: Target | None
+    ``client`` is None where the group runs without the switch (``fallback`` says why: one rank, or
+    no room on the switch), and every call goes to the fallback backend.
+    """
+
+    layout: Layout
+    config: JobConfig | None
+    client: Client | None
+    deployed: list[tuple[Target, int]]
     prefix: str
+    fallback: str = ""
 
 
 def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedelta) -> Formed:
-    """Deploy this group's job and start every rank's client in a fresh session; raises on every rank
+    """Deploy this group's jobs and start every rank's client in a fresh session; raises on every rank
     if any rank fails (``options`` is a :class:`~switchagg.distributed.options.Options`)."""
     prefix = f"{_ROOT}/{(store.add(f'{_ROOT}/arrivals', 1) - 1) // size}/"
     file_config = options.job_file()
+    if size == 1 and file_config is None:
+        return Formed(Layout.flat(1), None, None, [], prefix, "a group of one rank has nothing to sum")
+    layout = Layout.flat(size) if file_config is not None else _layout(store, prefix, rank, size, options, timeout)
+    job, worker_index = layout.place(rank)
     reservation, worker, problem = None, None, ""
     try:
         if file_config is not None:
             _check_file(file_config, size)
             worker = file_config.workers[rank]
         else:
-            reservation, worker = _bind(options)
+            reservation, worker = _bind(options.rail(job))
     except (SwitchAggError, OSError) as exc:
         problem = str(exc)
     store.set(f"{prefix}worker/{rank}", json.dumps({"error": problem} if problem else _worker_json(worker)))
-    target = None
+    deployed: list[tuple[Target, int]] = []
     if rank == 0:
-        target, text = _deploy(store, prefix, size, options, file_config, timeout)
-        store.set(f"{prefix}job", text)
-    reply = json.loads(_get(store, f"{prefix}job", timeout, "rank 0's job"))
-    if "error" in reply:
+        deployed, text = _deploy(store, prefix, layout, options, file_config, timeout)
+        store.set(f"{prefix}jobs", text)
+    reply = json.loads(_get(store, f"{prefix}jobs", timeout, "rank 0's jobs"))
+    if "error" in reply or "fallback" in reply:
         if reservation is not None:
             reservation.close()
-        raise SwitchAggError(f"switchagg cannot start this process group: {reply['error']}")
-    config = JobConfig.from_dict(tomllib.loads(reply["config"]))
+        if "error" in reply:
+            raise SwitchAggError(f"switchagg cannot start this process group: {reply['error']}")
+        warnings.warn(f"switchagg: this process group of {size} ranks sums through its fallback backend, not the "
+                      f"switch: {reply['fallback']}", stacklevel=2)
+        return Formed(layout, None, None, [], prefix, reply["fallback"])
+    config = JobConfig.from_dict(tomllib.loads(reply["jobs"][job]))
     client = None
     try:
         if reservation is not None:
             reservation.close()  # the client binds the same address next
-        client = Client(config, rank, start_timeout=options.start_timeout, stall_timeout=options.stall_timeout)
+        client = Client(config, worker_index, start_timeout=options.start_timeout,
+                        stall_timeout=options.stall_timeout)
         problem = ""
     except (SwitchAggError, OSError) as exc:
         problem = f"rank {rank}: {exc}"
-    formed = Formed(config, client, target, prefix)  # type: ignore[arg-type]
+    formed = Formed(layout, config, client, deployed, prefix)
     _agree(store, formed, rank, size, "ready", problem, timeout)
     try:
         client.join(options.start_timeout)  # type: ignore[union-attr]
@@ -90,21 +107,40 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
     return formed
 
 
+def _layout(store: dist.Store, prefix: str, rank: int, size: int, options: Any, timeout: timedelta) -> Layout:
+    """Every rank names its node; rank 0 lays the group out (:mod:`.topology`) and every rank reads it."""
+    store.set(f"{prefix}node/{rank}", node_identity(options.node))
+    if rank == 0:
+        names = [_get(store, f"{prefix}node/{r}", timeout, f"rank {r}'s node").decode() for r in range(size)]
+        try:
+            text = json.dumps({"layout": Layout.of(names).to_json()})
+        except ConfigError as exc:
+            text = json.dumps({"error": str(exc)})
+        store.set(f"{prefix}layout", text)
+    reply = json.loads(_get(store, f"{prefix}layout", timeout, "rank 0's layout of the group"))
+    if "error" in reply:
+        raise ConfigError(f"switchagg cannot start this process group: {reply['error']}")
+    return Layout.from_json(reply["layout"])
+
+
 def finish(store: dist.Store, rank: int, size: int, formed: Formed) -> None:
-    """Close this rank's client; rank 0 removes the job once its peers have closed theirs (or soon after)."""
+    """Close this rank's client; rank 0 removes the jobs once its peers have closed theirs (or soon after)."""
+    if formed.client is None:
+        return
     formed.client.close()
-    with suppress(RuntimeError):  # the store went first (its host rank exited): the job is removed all the same
+    with suppress(RuntimeError):  # the store went first (its host rank exited): the jobs are removed all the same
         store.set(f"{formed.prefix}closed/{rank}", "")
-    if formed.target is None:
+    if not formed.deployed:
         return
     with suppress(RuntimeError):  # a peer that did not close in time: its packets are dropped once the job is gone
         store.wait([f"{formed.prefix}closed/{r}" for r in range(size)], _CLOSE_WAIT)
-    try:
-        formed.target.undeploy(formed.config.job_id)
-    except (SwitchAggError, OSError) as exc:
-        warnings.warn(f"switchagg: job {formed.config.job_id} could not be removed from the switch ({exc}); "
-                      "remove it with `switchagg undeploy`", stacklevel=2)
-    formed.target = None
+    deployed, formed.deployed = formed.deployed, []
+    for target, job_id in deployed:
+        try:
+            target.undeploy(job_id)
+        except (SwitchAggError, OSError) as exc:
+            warnings.warn(f"switchagg: job {job_id} could not be removed from the switch ({exc}); "
+                          "remove it with `switchagg undeploy`", stacklevel=2)
 
 
 def _agree(store: dist.Store, formed: Formed, rank: int, size: int, step: str, problem: str,
@@ -117,9 +153,9 @@ def _agree(store: dist.Store, formed: Formed, rank: int, size: int, step: str, p
     if failed:
         if formed.client is not None:
             formed.client.close()
-        if formed.target is not None:
+        for target, job_id in formed.deployed:
             with suppress(SwitchAggError, OSError):  # the error below says what went wrong first
-                formed.target.undeploy(formed.config.job_id)
+                target.undeploy(job_id)
         raise SwitchAggError("switchagg cannot start this process group, so no rank uses it: " + "; ".join(failed))
 
 
@@ -159,65 +195,133 @@ def _check_file(config: JobConfig, size: int) -> None:
                           "make them match")
 
 
-def _deploy(store: dist.Store, prefix: str, size: int, options: Any, file_config: JobConfig | None,
-            timeout: timedelta) -> tuple[Target | None, str]:
-    """Rank 0: the job, deployed; returns the target and the job's JSON (or an error, as JSON)."""
+def _deploy(store: dist.Store, prefix: str, layout: Layout, options: Any, file_config: JobConfig | None,
+            timeout: timedelta) -> tuple[list[tuple[Target, int]], str]:
+    """Rank 0: the group's jobs, deployed; returns them and their configs as JSON (or an error, or the
+    reason the group sums through its fallback instead)."""
+    size = sum(map(len, layout.nodes))
     workers = [json.loads(_get(store, f"{prefix}worker/{r}", timeout, f"rank {r}'s address")) for r in range(size)]
     failed = [f"rank {r}: {w['error']}" for r, w in enumerate(workers) if "error" in w]
     if failed:
-        return None, json.dumps({"error": "; ".join(failed)})
+        return [], json.dumps({"error": "; ".join(failed)})
     try:
-        target, config = _install(options, file_config, workers)
+        if file_config is not None:
+            target, config = _install(options, replace(file_config, key=secrets.randbits(32), generation=None))
+            return [(target, config.job_id)], json.dumps({"jobs": [config.to_toml()]})
+        rails = [options.rail(j) for j in range(len(layout.jobs))]
+        jobs = [_job(rails[j], [workers[r] for r in members]) for j, members in enumerate(layout.jobs)]
+        deployed = _place_and_install(rails, jobs)
+    except NoRoom as exc:
+        return [], json.dumps({"fallback": str(exc)})
     except (SwitchAggError, OSError) as exc:
-        return None, json.dumps({"error": f"rank 0 could not deploy the job on the {options.target} switch: {exc}"})
-    return target, json.dumps({"config": config.to_toml()})
+        where = f"the {options.target} switch" if len(layout.jobs) == 1 else f"the {options.target} switches"
+        return [], json.dumps({"error": f"rank 0 could not deploy the job on {where}: {exc}"})
+    return [(t, c.job_id) for t, c in deployed], json.dumps({"jobs": [c.to_toml() for _, c in deployed]})
 
 
-def _install(options: Any, file_config: JobConfig | None, workers: list[dict[str, Any]]) -> tuple[Target, JobConfig]:
-    """Deploy the job: the file's as it is (a fresh key aside), or one built here on a free id and slots."""
-    base = file_config or JobConfig(
+def _job(options: Any, workers: list[dict[str, Any]]) -> JobConfig:
+    """A job of these workers on ``options``' switch, its id, slots and key still to be picked."""
+    return JobConfig(
         switch=Endpoint.parse(options.switch, "SWITCHAGG_SWITCH"), job_id=1, key=1, slot_base=0,
         slot_count=options.slots, values_per_packet=options.values_per_packet,
         workers=tuple(WorkerSpec(Endpoint.parse(w["address"], "a worker's address"), w["mac"], w["switch_port"])
                       for w in workers),
         loss_recovery=options.loss_recovery,
         control=Endpoint.parse(options.control, "SWITCHAGG_CONTROL") if options.control else None)
+
+
+def _install(options: Any, config: JobConfig) -> tuple[Target, JobConfig]:
+    """Deploy ``config`` as it is (a job file's)."""
+    target = _open(options, config)
+    target.deploy(config)
+    return target, config
+
+
+def _open(options: Any, config: JobConfig) -> Target:
+    return open_target(options.target, TargetOptions(config=config, address=options.control,
+                                                     device_id=options.device_id))
+
+
+def _place_and_install(rails: list[Any], jobs: list[JobConfig]) -> list[tuple[Target, JobConfig]]:
+    """Deploy ``jobs`` (job ``j`` on rail ``j``'s switch), each switch's share on ids and slots it has free;
+    all of them or none."""
+    by_switch: dict[tuple[str | None, str | None], list[int]] = {}
+    for j, rail in enumerate(rails):
+        by_switch.setdefault((rail.switch, rail.control), []).append(j)
+    done: list[tuple[Target, JobConfig]] = []
+    placed: dict[int, tuple[Target, JobConfig]] = {}
+    try:
+        for indices in by_switch.values():
+            pairs = _install_on_one_switch(rails[indices[0]], [jobs[j] for j in indices])
+            for j, pair in zip(indices, pairs, strict=True):
+                placed[j] = pair
+                done.append(pair)
+    except BaseException:
+        for target, config in done:
+            with suppress(SwitchAggError, OSError):
+                target.undeploy(config.job_id)
+        raise
+    return [placed[j] for j in range(len(jobs))]
+
+
+def _install_on_one_switch(options: Any, jobs: list[JobConfig]) -> list[tuple[Target, JobConfig]]:
+    """Deploy ``jobs`` on one switch, each on a free id and slots (or those the options give)."""
     for _ in range(_PICK_TRIES):
-        config = replace(base, key=secrets.randbits(32), generation=None)
-        target = open_target(options.target, TargetOptions(config=config, address=options.control,
-                                                           device_id=options.device_id))
-        if file_config is None:
-            config = replace(config, **_free_place(target, options, config.slot_count))
-            target = open_target(options.target, TargetOptions(config=config, address=options.control,
-                                                               device_id=options.device_id))
+        keyed = [replace(job, key=secrets.randbits(32), generation=None) for job in jobs]
+        probe = _open(options, keyed[0])
+        placed = [replace(job, **place) for job, place in zip(keyed, _free_places(probe, options, keyed), strict=True)]
+        done: list[tuple[Target, JobConfig]] = []
         try:
-            target.deploy(config)
+            for config in placed:
+                target = _open(options, config)
+                target.deploy(config)
+                done.append((target, config))
         except ConfigError as exc:
-            if file_config is None and options.job_id is None and ("already installed" in str(exc)
-                                                                   or "overlap" in str(exc)):
+            for target, config in done:
+                with suppress(SwitchAggError, OSError):
+                    target.undeploy(config.job_id)
+            if options.job_id is None and ("already installed" in str(exc) or "overlap" in str(exc)):
                 continue  # another group took the place between our look and our deploy: look again
             raise
-        return target, config
+        return done
     raise SwitchAggError(f"the switch's jobs kept changing while rank 0 looked for a free place ({_PICK_TRIES} "
                          "tries): set SWITCHAGG_JOB and SWITCHAGG_SLOT_BASE")
 
 
-def _free_place(target: Target, options: Any, slot_count: int) -> dict[str, int]:
-    """A job id and slot base nobody uses on ``target``, or those the options give."""
+def _free_places(target: Target, options: Any, jobs: list[JobConfig]) -> list[dict[str, int]]:
+    """Job ids and slot ranges nobody uses on ``target`` for ``jobs``, or those the options give.
+
+    The slots are sized to share the pool (:func:`switchagg.jobs.fit_jobs`) unless
+    ``SWITCHAGG_SLOTS`` names a count; with no room the group falls back (:class:`NoRoom`).
+    """
+    count = len(jobs)
     if options.job_id is not None and options.slot_base is not None:
-        return {"job_id": options.job_id, "slot_base": options.slot_base}
+        return [{"job_id": options.job_id + j, "slot_base": options.slot_base + j * jobs[j].slot_count}
+                for j in range(count)]
     try:
         installed = target.jobs()
+        num_slots, max_jobs = target.capacity()
     except UnsupportedOperation as exc:
         raise ConfigError(f"{exc}: give the job's place yourself with SWITCHAGG_JOB and SWITCHAGG_SLOT_BASE") from None
-    job_id = options.job_id
-    while job_id is None or job_id in installed:
-        job_id = 1 + secrets.randbelow(0xFFFF)
-    base = options.slot_base
-    if base is None:
-        base = 0
-        for start, count in sorted(installed.values()):
-            if base + slot_count <= start:
-                break
-            base = max(base, start + count)
-    return {"job_id": job_id, "slot_base": base}
+    ids: list[int] = []
+    for j in range(count):
+        job_id = None if options.job_id is None else options.job_id + j
+        while job_id is None or job_id in installed or job_id in ids:
+            job_id = 1 + secrets.randbelow(0xFFFF)
+        ids.append(job_id)
+    wanted = jobs[0].slot_count
+    if options.slot_base is not None:
+        return [{"job_id": ids[j], "slot_base": options.slot_base + j * wanted} for j in range(count)]
+    fit = fit_jobs(installed, num_slots, count, wanted, max_jobs, shrink=options.slot_count is None)
+    free = num_slots - sum(n for _, n in installed.values())
+    what = f"{count} jobs" if count > 1 else "a job"
+    if fit is None and options.slot_count is not None:
+        raise ConfigError(f"no room for {what} of {wanted} slots (SWITCHAGG_SLOTS): the switch has {num_slots} slots, "
+                          f"{free} of them free, in {len(installed)} jobs: ask for fewer, or leave SWITCHAGG_SLOTS "
+                          "unset and the job takes what is free")
+    if fit is None:
+        raise NoRoom(f"the switch is full ({len(installed)} jobs, {free} of its {num_slots} slots free): not even "
+                     f"{what} of {MIN_SHARED_SLOTS} slots fits; remove jobs nobody uses (`switchagg status`) "
+                     "or destroy groups you no longer need")
+    size, bases = fit
+    return [{"job_id": ids[j], "slot_base": bases[j], "slot_count": size} for j in range(count)]

@@ -37,6 +37,7 @@ class ServedSwitch(Protocol):
     address: tuple[str, int]
     backend: str
     cores: int
+    num_slots: int
 
     def add_job(self, config: JobConfig) -> int: ...
     def remove_job(self, job_id: int) -> None: ...
@@ -133,7 +134,8 @@ def _dispatch(switch: ServedSwitch, req: dict[str, Any]) -> dict[str, Any]:
         jobs = {str(j): {"generation": e.generation, "slot_base": e.slot_base, "slot_count": e.slot_count,
                          "values_per_packet": e.values_per_packet, "workers": [list(w) for w in e.workers]}
                 for j, e in switch.jobs().items()}
-        return {"address": list(switch.address), "backend": switch.backend, "cores": switch.cores, "jobs": jobs,
+        return {"address": list(switch.address), "backend": switch.backend, "cores": switch.cores,
+                "num_slots": switch.num_slots, "jobs": jobs,
                 "counters": _str_keys(switch.counters()), "shards": switch.shard_stats()}
     if op == "slots":
         entry = _installed(switch, req)

@@ -219,6 +219,11 @@ class SoftSwitch:
         self.stop()
 
     @property
+    def num_slots(self) -> int:
+        """The slot pool every job's slots come from."""
+        return self.model.num_slots
+
+    @property
     def backend(self) -> str:
         return self._sock.backend if self._sock else "stopped"
 

@@ -68,6 +68,10 @@ class Target(abc.ABC):
         """The installed jobs' slot ranges, ``{job_id: (slot_base, slot_count)}``: where a new job fits."""
         raise UnsupportedOperation(f"the {self.name} target cannot list its jobs")
 
+    def capacity(self) -> tuple[int, int | None]:
+        """The switch's slot pool and the most jobs it holds (None: no such limit): how big a new job may be."""
+        raise UnsupportedOperation(f"the {self.name} target cannot say how many slots it has")
+
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:
         """Compile this target's data plane into ``out_dir``; returns what was made, by name."""

@@ -216,6 +216,9 @@ class Bmv2Target(Target):
                     e.delete()
             sh.MulticastGroupEntry(group).delete()
 
+    def capacity(self) -> tuple[int, int | None]:
+        return NUM_SLOTS, MAX_JOBS
+
     def jobs(self) -> dict[int, tuple[int, int]]:
         """The deployed jobs' slot ranges, read back from the admission table (a table read, not a register)."""
         with self._session() as sh, _no_exit("reading the deployed jobs"):

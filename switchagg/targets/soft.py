@@ -60,6 +60,9 @@ class SoftTarget(Target):
         jobs = request(self.control, {"op": "status"})["jobs"]
         return {int(j): (e["slot_base"], e["slot_count"]) for j, e in jobs.items()}
 
+    def capacity(self) -> tuple[int, int | None]:
+        return request(self.control, {"op": "status"})["num_slots"], None
+
     def status(self, job_id: int) -> JobStatus:
         reply = request(self.control, {"op": "status"})
         drops, backend = reply["counters"]["global"], reply.get("backend", "")

@@ -176,6 +176,9 @@ class TofinoTarget(Target):
                 s.delete(REPLICA, {"rid": rid})
                 s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
 
+    def capacity(self) -> tuple[int, int | None]:
+        return NUM_SLOTS, MAX_JOBS
+
     def jobs(self) -> dict[int, tuple[int, int]]:
         """The deployed jobs' slot ranges, read back from the admission table."""
         with self._session() as s:
