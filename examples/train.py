@@ -6,6 +6,7 @@ Start a switch that takes jobs (no job file), then the ranks::
     SWITCHAGG_SWITCH=127.0.0.1:16711 SWITCHAGG_CONTROL=127.0.0.1:16712 \\
         torchrun --nproc-per-node 2 examples/train.py            # DDP
     ... torchrun --nproc-per-node 2 examples/train.py --fsdp     # FSDP2: reduce-scatter through the switch
+    ... torchrun --nnodes 2 --node-rank N ... examples/train.py  # each node reduces locally first, a job per rail
 
 ``--backend gloo`` runs the same training without the switch, to compare the losses.
 """
@@ -42,6 +43,9 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
+    layout = getattr(dist.group.WORLD, "layout", None)  # switchagg's: which ranks share a node, which job each is in
+    if rank == 0 and layout is not None and layout.hierarchical:
+        print(f"switch jobs: {len(layout.jobs)} rails of {len(layout.nodes)} nodes", flush=True)
     model = model_for(args.fsdp)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches

@@ -185,7 +185,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.loss:
         from .benchmarks.loss import RATES, run_loss_bench
 
-        _refuse(args, ("workers", *_THROUGHPUT_FLAGS), " --loss")
+        _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS), " --loss")
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
                               plot=args.plot)
@@ -198,10 +198,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         ks = args.values_per_packet or [64]
         if len(ks) != 1:
             raise ConfigError(f"--values-per-packet: `switchagg bench --{mode}` takes one K, not {len(ks)}")
-        return run_training_bench(mode, workers=workers, values_per_packet=ks[0])
+        return run_training_bench(mode, workers=workers, values_per_packet=ks[0], nodes=args.nodes or 1)
     from .benchmarks.throughput import run_bench
 
-    _refuse(args, _LOSS_FLAGS, " (throughput)")
+    _refuse(args, (*_LOSS_FLAGS, "nodes"), " (throughput)")
     from .switch.native import MAX_SHARDS
 
     switch_cores = args.switch_cores if args.switch_cores is not None else 1
@@ -313,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--fsdp", action="store_true",
                       help="instead: the same with FSDP2 (its reduce-scatter through the switch)")
     p.add_argument("--workers", type=int, help="worker processes (default 4; --loss takes --loss-workers)")
+    p.add_argument("--nodes", type=int,
+                   help="with --ddp or --fsdp: put the workers on this many nodes (a switch job per rail), and "
+                        "compare with the same ranks as one flat job and with gloo")
     p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64)")
     p.add_argument("--reps", type=int, help="timed repetitions after a warm-up, median reported (default 5)")
     p.add_argument("--values-per-packet", type=int, nargs="+",

@@ -9,6 +9,7 @@ import pytest
 
 from switchagg.benchmarks.throughput import codec_cpu, codec_speed, copy_speed, run_bench, udp_ceiling
 from switchagg.benchmarks.training import run_training_bench
+from switchagg.errors import ConfigError
 from switchagg.transport import BATCHED_AVAILABLE
 
 pytest.importorskip("torch")  # the gloo baseline
@@ -91,3 +92,17 @@ def test_training_bench_prints_the_step_ratio_and_what_a_rank_receives(capsys):
         received[kind] = float(re.fullmatch(rf"received_vs_gradients_{kind}=(\d+\.\d{{3}})", lines[-1]).group(1))
     assert received["ddp"] > 1.0  # every sum, with headers and the call rounds
     assert received["fsdp"] < 0.75 * received["ddp"], received
+
+
+def test_training_bench_on_nodes_sends_each_ranks_shard_through_its_rail(capsys):
+    """Two nodes of two ranks: each rank sends about half of what it sends as a worker of one flat job."""
+    assert run_training_bench("ddp", workers=4, steps=2, width=256, depth=2, nodes=2) == 0
+    out = capsys.readouterr().out
+    figures = dict(re.findall(r"^(\w+)=(\d+\.\d{3})$", out, re.M))
+    assert {"ratio_vs_gloo_ddp_nodes", "ratio_vs_flat_ddp_nodes", "ratio_vs_gloo_ddp"} <= figures.keys(), out
+    flat = float(re.search(r"^switchagg: per rank and step through the switch: sent [\d.]+ MiB \(([\d.]+)x", out,
+                           re.M).group(1))
+    assert 0.4 * flat < float(figures["sent_vs_gradients_ddp_nodes"]) < 0.6 * flat, out
+    assert "each rail's 2 ranks" in out
+    with pytest.raises(ConfigError, match="--nodes 3"):
+        run_training_bench("ddp", workers=4, nodes=3)

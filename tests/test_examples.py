@@ -57,3 +57,39 @@ def test_accelerate_on_cpu(env):
     (port,) = free_ports(1, socket.SOCK_STREAM)
     out = run([*TORCHRUN, str(port), "examples/accelerate_train.py"], env)
     assert "process group backend: switchagg" in out, out
+
+
+def two_nodes(per_node: int, script: list[str], env: dict[str, str], logs: Path) -> list[str]:
+    """``script`` under two torchrun agents on this machine, ``--nnodes 2``: each its own node (GROUP_RANK).
+    Their output goes to files in ``logs`` (a pipe left unread while the other agent is waited for could fill)."""
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
+            "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    outs, agents = [], []
+    for node in (0, 1):
+        out, err = (open(logs / f"{port}-{node}.{s}", "w+") for s in ("out", "err"))  # noqa: SIM115 - closed below
+        outs.append((out, err))
+        agents.append(subprocess.Popen([*argv, "--node-rank", str(node), *script], cwd=ROOT, env=env, text=True,
+                                       stdout=out, stderr=err))
+    texts = []
+    for agent, (out, err) in zip(agents, outs, strict=True):
+        agent.wait(timeout=300)
+        out.seek(0)
+        err.seek(0)
+        texts.append(out.read())
+        assert agent.returncode == 0, err.read()[-3000:]
+        out.close()
+        err.close()
+    return texts
+
+
+@pytest.mark.parametrize("mode", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_torchrun_on_two_nodes_reduces_in_each_node_first_and_trains_as_gloo_does(env, mode, tmp_path):
+    """Two torchrun agents, two ranks each: each rail a switch job of two workers (one per node)."""
+    script = ["examples/train.py", "--steps", "40", *mode]
+    ours = two_nodes(2, script, env, tmp_path)[0]
+    gloo = two_nodes(2, [*script, "--backend", "gloo"], env, tmp_path)[0]
+    assert "switch jobs: 2 rails of 2 nodes" in ours, ours
+    losses, expected = ([float(x) for x in re.findall(r"loss (\d+\.\d+)", out)] for out in (ours, gloo))
+    assert len(losses) == 2 and losses[-1] < losses[0], ours
+    assert losses == pytest.approx(expected, rel=1e-3), (ours, gloo)

@@ -54,9 +54,14 @@ class Hierarchy:
         self._out = ThreadPoolExecutor(1, thread_name_prefix="switchagg-node-out")
 
     def close(self) -> None:
-        """Let the calls queued finish, then stop the stages' threads."""
+        """Let the calls queued finish, then stop the stages' threads and the node's groups (here, while
+        the interpreter is whole: left to its exit, a backend's threads may outlive what they use)."""
         self._in.shutdown(wait=True)
         self._out.shutdown(wait=True)
+        for groups in self._node.values():
+            for group in groups:
+                group.shutdown()
+        self._node.clear()
 
     # ---- the collectives --------------------------------------------------------------------------
 
