@@ -97,6 +97,21 @@ def test_switch_refuses_a_public_control_port_unless_told(tmp_path, capsys):
     assert "--control-any-address: this switch has no control port" in capsys.readouterr().err
 
 
+def test_switch_opens_a_public_control_port_only_with_a_token_it_can_read(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SWITCHAGG_CONTROL_TOKEN", raising=False)
+    cfg = loopback_config(2, switch_port=free_ports(1)[0], k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    public = ["switch", "--config", str(path), "--control", "0.0.0.0:16712", "--control-any-address"]
+    assert main(public) == 1
+    assert "with no control token: whoever reaches it could install jobs. Set SWITCHAGG_CONTROL_TOKEN" in \
+        capsys.readouterr().err
+    assert main([*public, "--control-token-file", str(tmp_path / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert "control token file" in err and "cannot read it" in err and err.count("\n") == 1
+    assert main(["switch", "--config", str(path), "--control-token-file", str(path)]) == 1
+    assert "--control-token-file: this switch has no control port" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("cores", [1, 2] if BATCHED_AVAILABLE else [1])
 def test_switch_without_a_job_file_takes_jobs_through_its_control_port(tmp_path, capsys, cores):
     assert main(["switch", "--address", "127.0.0.1:1"]) == 1
