@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +31,9 @@ def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, s
     assert f"transport {soft_switch.backend})" in out
     assert ("sendmmsg+GSO/recvmmsg+GRO" in out) == BATCHED_AVAILABLE
     assert f"job {cfg.job_id}: generation" in out and "contributions" in out and "malformed" in out
+    # the drops outside the data plane: the switch's sockets' and its control port's (this status a request)
+    host = out[out.index("the embedded switch's host side"):]
+    assert re.search(r"sockets_truncated +0\n", host) and re.search(r"control_requests +1\n", host)
 
 
 def test_status_json_is_one_object_with_the_job_and_its_counters(make_job, soft_switch, tmp_path, capsys):

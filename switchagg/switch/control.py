@@ -1,10 +1,11 @@
 """The embedded switch's control port, its server side: one JSON request per line over TCP, one JSON reply.
 
 Requests (``op``): reads need nothing more, ``status`` (with the counters summed over the switch's
-cores, what each core's shard served, and the control port's own counters), and ``slots`` with
-``job`` and ``slots`` (the job's own slot numbers: the one table every shard serves); changes need
-a credential: ``add_job`` with ``config`` (TOML text) needs the operator's control token where one
-is set (``token``), ``reset`` and ``remove_job`` with ``job`` and ``key`` the installed job's key.
+cores, what each core's shard served, what its sockets dropped, and the control port's own
+counters), and ``slots`` with ``job`` and ``slots`` (the job's own slot numbers: the one table every
+shard serves); changes need a credential: ``add_job`` with ``config`` (TOML text) needs the
+operator's control token where one is set (``token``), ``reset`` and ``remove_job`` with ``job``
+and ``key`` the installed job's key.
 A reply is an object; a request that cannot be served, for whatever reason, gets ``{"error": "..."}``
 saying why, and the connection stays open for the next one: no request ends the switch, nor the
 connection without a word.
@@ -61,6 +62,7 @@ class ServedSwitch(Protocol):
     def jobs(self) -> dict[int, JobEntry]: ...
     def counters(self) -> dict[str, object]: ...
     def shard_stats(self) -> list[dict[str, int]]: ...
+    def socket_counters(self) -> dict[str, int]: ...
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]: ...
 
 
@@ -265,7 +267,8 @@ def _dispatch(switch: ServedSwitch, req: dict[str, Any], guard: Guard, peer: str
                          "values_per_packet": e.values_per_packet, "workers": [list(w) for w in e.workers]}
                 for j, e in switch.jobs().items()}
         return {"address": list(switch.address), "backend": switch.backend, "cores": switch.cores, "jobs": jobs,
-                "counters": _str_keys(switch.counters()), "shards": switch.shard_stats(), "control": guard.counters()}
+                "counters": _str_keys(switch.counters()), "shards": switch.shard_stats(),
+                "sockets": switch.socket_counters(), "control": guard.counters()}
     if op == "slots":
         entry = _installed(switch, req)
         slots = req.get("slots")

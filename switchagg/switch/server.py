@@ -306,6 +306,13 @@ class SoftSwitch:
         with self.lock:
             return self.model.shard_stats()
 
+    def socket_counters(self) -> dict[str, int]:
+        """What the switch's sockets dropped before any shard saw it, summed over them: datagrams cut short
+        (longer than a receive's room), those of a coalesced message past a receive's room, and sends the
+        kernel refused or ICMP errors it reported."""
+        socks = list(self._socks)
+        return {name: sum(getattr(sock.stats, name) for sock in socks) for name in ("truncated", "dropped", "refused")}
+
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]:
         """Both copies of each of the job's ``slots`` (its own numbers, 0..slot_count - 1)."""
         with self.lock:

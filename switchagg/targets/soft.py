@@ -70,7 +70,7 @@ class SoftTarget(Target):
     def status(self, job_id: int) -> JobStatus:
         reply = self._request({"op": "status"})
         drops, backend = reply["counters"]["global"], reply.get("backend", "")
-        host = {f"control_{name}": n for name, n in reply.get("control", {}).items()}
+        host = {f"{part}_{name}": n for part in ("sockets", "control") for name, n in reply.get(part, {}).items()}
         job = reply["jobs"].get(str(job_id))
         if job is None:
             return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host)
