@@ -162,6 +162,20 @@ def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
                    "did you mean values_per_packet?\n")
 
 
+@pytest.mark.parametrize(("tail", "message"), [
+    ("# caf\xe9".encode("latin-1"), "is not UTF-8 text"),
+    (b"x = " + b"[" * 1000 + b"]" * 1000, "nests arrays or tables too deep to read"),
+    (b"x = " + b"9" * 5000, "holds a number too long to read"),
+], ids=["latin-1", "nested", "5000-digits"])
+def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_path, capsys, tail, message):
+    path = tmp_path / "job.toml"
+    path.write_bytes(loopback_config(2, switch_port=16711, k=64).to_toml().encode() + tail)
+    for argv in (["status", "--config", str(path)], ["switch", "--config", str(path)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"switchagg {argv[0]}: job file {path} {message}") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["status", "--device-id", "1"], "--device-id: the embedded switch has no device id"),
     (["deploy", "--pipeline", "build/bmv2"], "--pipeline: the embedded switch runs no P4 program"),
