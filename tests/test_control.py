@@ -7,11 +7,13 @@ import dataclasses
 import json
 import socket
 import socketserver
+import threading
 
 import pytest
 
 from switchagg import ConfigError, SoftSwitch
 from switchagg.config import Endpoint
+from switchagg.errors import SwitchAggError
 from switchagg.loopback import free_ports, loopback_job
 from switchagg.switch.control import MAX_REQUEST, TOKEN_ENV, ControlServer, Guard, control_token
 from switchagg.switch.control_client import request
@@ -341,3 +343,24 @@ def test_a_fault_of_the_switch_is_an_error_reply_and_the_port_keeps_serving():
                                            "idle_timeouts": 0}
     finally:
         server.close()
+
+
+def test_a_reply_that_is_no_json_object_is_one_line_naming_the_port():
+    """The client's side: whatever answers on the port, its reply is checked before use."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = Endpoint(*listener.getsockname())
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(b"SSH-2.0-OpenSSH\n")
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        with pytest.raises(SwitchAggError, match=rf"the control port at {endpoint} answered b'SSH-2.0-OpenSSH\\n', "
+                                                 "not a JSON object"):
+            request(endpoint, {"op": "status"})
+        thread.join()

@@ -29,7 +29,13 @@ def request(endpoint: Endpoint, req: dict[str, Any], timeout: float = 3.0,
             "is `switchagg switch` running with this config?") from None
     if not line:
         raise SwitchAggError(f"the control port at {endpoint} closed the connection without replying")
-    reply = json.loads(line)
+    try:
+        reply = json.loads(line)
+    except (ValueError, RecursionError):
+        reply = None
+    if not isinstance(reply, dict):
+        raise SwitchAggError(f"the control port at {endpoint} answered {line[:80]!r}, not a JSON object: is it an "
+                             "embedded switch's control port (switch.control), not another service?")
     if "error" in reply:
         raise ConfigError(f"the switch at {endpoint} refused {req.get('op')!r}: {reply['error']}")
     return reply
