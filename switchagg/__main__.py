@@ -33,6 +33,9 @@ def _cmd_switch(args: argparse.Namespace) -> int:
                           "groups deploy their jobs), e.g. --address 127.0.0.1:16711 --control 127.0.0.1:16712")
     address = Endpoint.parse(args.address, "--address") if args.address else configs[0].switch
     control = Endpoint.parse(args.control, "--control") if args.control else configs[0].control
+    if args.control_token_file and control is None:
+        raise ConfigError("--control-token-file: this switch has no control port (the config names no "
+                          "switch.control, and no --control is given): drop the flag, or give a control address")
     if args.control_any_address and control is None:
         raise ConfigError("--control-any-address: this switch has no control port (the config names no "
                           "switch.control, and no --control is given): drop the flag, or give a control address")
@@ -52,10 +55,12 @@ def _cmd_switch(args: argparse.Namespace) -> int:
 
 def _serve_switch(args: argparse.Namespace, configs: list[JobConfig], address: Endpoint, control: Endpoint | None,
                   stop: threading.Event) -> int:
+    from .switch.control import control_token
     from .switch.server import NUM_SLOTS, SoftSwitch
 
     with SoftSwitch(address, control=control, num_slots=args.slots or NUM_SLOTS,
-                    control_public=args.control_any_address, cores=args.cores, steer=args.steer or "job") as sw:
+                    control_public=args.control_any_address, cores=args.cores, steer=args.steer or "job",
+                    control_token=control_token(args.control_token_file)) as sw:
         for cfg in configs:
             gen = sw.add_job(cfg)
             print(f"job {cfg.job_id}: {cfg.n_workers} workers, slots {cfg.slot_base}.."
@@ -110,6 +115,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print("switch-wide drops:")
     for name, value in status.global_drops.items():
         print(f"  {name:<20} {value}")
+    if status.host_counters:
+        print("the embedded switch's host side (control port, sockets):")
+        for name, value in status.host_counters.items():
+            print(f"  {name:<20} {value}")
     return 0
 
 
@@ -246,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "none there: no control port)")
     p.add_argument("--control-any-address", action="store_true",
                    help="let the control port listen on an address other than loopback: anyone who reaches it "
-                        "reads the counters, and whoever knows a job's key can reset or remove it")
+                        "reads the counters, and whoever knows a job's key can reset or remove it; needs a "
+                        "control token (--control-token-file or SWITCHAGG_CONTROL_TOKEN)")
+    p.add_argument("--control-token-file", metavar="FILE",
+                   help="a file holding the control token that add_job must carry (clients send "
+                        "SWITCHAGG_CONTROL_TOKEN's value); default: SWITCHAGG_CONTROL_TOKEN, or no token "
+                        "(loopback only)")
     p.add_argument("--slots", type=int, help="aggregation slots of this switch, 1..65536 (default 4096)")
     p.add_argument("--cores", type=int, default=1,
                    help="threads that serve the switch, each from its own socket on the same port (SO_REUSEPORT, "

@@ -174,6 +174,7 @@ typedef struct {
     int started;
     long retransmissions, queries;
     long protocol_errors;  /* results of this call's packets whose owner or count was not the packet's */
+    long foreign;  /* datagrams no result or answer of this run's at all (Reduction.foreign) */
     int ready;  /* __init__ succeeded */
 } Stream;
 
@@ -777,10 +778,14 @@ static PyObject *Stream_emit(Stream *s, PyObject *args) {
  * worker's bit is clear or every bit is set; else a peer's is missing and t waits as if sent now.
  * Returns 0, or -1 when out of memory. */
 static int receive_pending(Stream *s, const unsigned char *p, double now) {
-    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
     if (p[OFF_WORKER] != s->worker || get16(p + OFF_JOB) != s->job || get32(p + OFF_GENERATION) != s->generation
-            || get16(p + OFF_COUNT) != 0 || t >= s->next)
-        return 0;  /* not ours */
+            || get16(p + OFF_COUNT) != 0) {
+        s->foreign++;  /* not this run's */
+        return 0;
+    }
+    Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
+    if (t >= s->next)
+        return 0;
     Entry *e = &s->entries[t];
     if (!e->in_flight || e->state != ASKED || get16(p + OFF_SLOT) != e->slot || (p[OFF_FLAGS] & FLAG_COPY) != e->copy)
         return 0;  /* not the answer it waits for */
@@ -860,15 +865,16 @@ static void take_sums(Stream *s, const unsigned char *p, Py_ssize_t t) {
 
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
-    if (length < HEADER_SIZE)
+    if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
+        return receive_pending(s, p, now);
+    if (length < HEADER_SIZE || p[OFF_TYPE] != TYPE_RESULT
+            || length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT) || !ids_match(s, p)) {
+        s->foreign++;  /* too short, another type, lengths that disagree, or another run's */
         return 0;
-    if (p[OFF_TYPE] != TYPE_RESULT)
-        return length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING ? receive_pending(s, p, now) : 0;
-    if (length != HEADER_SIZE + 4 * (Py_ssize_t)get16(p + OFF_COUNT))
-        return 0;
+    }
     Py_ssize_t t = (Py_ssize_t)(uint32_t)(get32(p + OFF_CHUNK) - s->first_id);
-    if (!ids_match(s, p) || t >= s->next || !s->entries[t].in_flight)
-        return 0;  /* a duplicate, a stale result, or not ours */
+    if (t >= s->next || !s->entries[t].in_flight)
+        return 0;  /* a duplicate, or a stale result */
     Entry *e = &s->entries[t];
     if (get16(p + OFF_SLOT) != e->slot || (p[OFF_FLAGS] & FLAG_COPY) != e->copy)
         return 0;
@@ -956,7 +962,8 @@ static int end_batch(Stream *s, double now, Py_ssize_t fresh) {
 PyDoc_STRVAR(receive_batch_doc,
 "receive_batch(buf, offsets, lengths, now) -> int\n\n"
 "Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``\n"
-"(uint32 arrays). Whatever is not a RESULT for this call is ignored; returns how many were new.");
+"(uint32 arrays). Whatever is not a RESULT for this call is ignored (counted in foreign where it is not this\n"
+"run's at all); returns how many were new.");
 
 static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
     PyObject *buf_obj, *off_obj, *len_obj;
@@ -1364,6 +1371,7 @@ static PyObject *get_rounds(Stream *s, void *c) { return PyLong_FromSsize_t(s->r
 static PyObject *get_retransmissions(Stream *s, void *c) { return PyLong_FromLong(s->retransmissions); }
 static PyObject *get_queries(Stream *s, void *c) { return PyLong_FromLong(s->queries); }
 static PyObject *get_protocol_errors(Stream *s, void *c) { return PyLong_FromLong(s->protocol_errors); }
+static PyObject *get_foreign(Stream *s, void *c) { return PyLong_FromLong(s->foreign); }
 /* Reduction.marked: some result carried EXP_NONFINITE, the exponent its slot's next chunk used */
 static PyObject *get_marked(Stream *s, void *c) { return PyBool_FromLong(s->marked); }
 static PyObject *get_last_progress(Stream *s, void *c) { return PyFloat_FromDouble(s->last_progress); }
@@ -1381,6 +1389,9 @@ static PyGetSetDef Stream_getset[] = {
     {"queries", (getter)get_queries, NULL, "QUERY packets sent", NULL},
     {"protocol_errors", (getter)get_protocol_errors, NULL,
      "results of this call's packets whose owner or count was not the packet's (ignored)", NULL},
+    {"foreign", (getter)get_foreign, NULL,
+     "datagrams no result or answer of this run's at all (too short, another type, lengths that disagree, another "
+     "job's, worker's, session's or key): ignored and counted", NULL},
     {"marked", (getter)get_marked, NULL, "some data chunk of the call went marked (NaN or infinity on some rank)",
      NULL},
     {"last_progress", (getter)get_last_progress, NULL, NULL, NULL},

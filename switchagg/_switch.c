@@ -83,7 +83,7 @@ typedef struct {
 } Switch;
 
 /* What went wrong inside a batch, which runs without the GIL: raised once it is held again. */
-enum { FAULT_NONE, FAULT_NOMEM, FAULT_VALUES, FAULT_OUTSIDE, FAULT_FANOUT };
+enum { FAULT_NONE, FAULT_NOMEM, FAULT_OUTSIDE, FAULT_FANOUT };
 typedef struct {
     int code;
     Py_ssize_t a, b;
@@ -147,6 +147,12 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
         put32(emit(out, p, TYPE_PENDING, src) + OFF_KEY, fresh ? 0 : sw->bitmap[i]);
         return 1;
     }
+    /* A copy holding this chunk holds K values of the job on its slot (install and remove clear a job's
+     * copies); a copy that does not is a drop, never an add past its values. The model has no such case. */
+    if (!fresh && sw->values_k[i] != count) {
+        counters[BAD_COUNT]++;
+        return 0;
+    }
     if (fresh)
         sw->tag[i] = (uint64_t)generation << 32 | chunk;
     /* Stage 2, bitmap: has this worker been counted already? */
@@ -183,11 +189,6 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
             sw->values_k[i] = count;
         }
         memcpy(sw->values[i], values, bytes);
-    } else if (sw->values_k[i] != count) {
-        fault->code = FAULT_VALUES;
-        fault->a = (Py_ssize_t)bytes;
-        fault->b = 4 * (Py_ssize_t)sw->values_k[i];
-        return -1;
     } else if (!repeat) {
         sa_add_be(sw->values[i], values, count);
     }
@@ -238,8 +239,8 @@ static inline int home_shard(const Switch *sw, const unsigned char *p, Py_ssize_
     return len >= OFF_SLOT + 2 ? (int)((get16(p + OFF_SLOT) * SPREAD >> 16) % shards) : 0;
 }
 
-/* One datagram, served by `shard`: returns how many packets it added to out, or -1 with the fault said (the
- * copy's stored values have another length, which SwitchModel raises for too; no memory). */
+/* One datagram, served by `shard`: returns how many packets it added to out, or -1 with the fault said (no
+ * memory for a copy's values). */
 static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t len, const unsigned char *src,
                        Out *out, Fault *fault) {
     ShardRow *mine = &sw->shard[shard];
@@ -414,9 +415,6 @@ static PyObject *Switch_process(Switch *sw, PyObject *args) {
     case FAULT_NOMEM:
         PyErr_NoMemory();
         break;
-    case FAULT_VALUES:
-        PyErr_Format(PyExc_ValueError, "add_be: %zd bytes added to %zd", fault.a, fault.b);
-        break;
     case FAULT_OUTSIDE:
         PyErr_Format(PyExc_ValueError, "Switch.process: datagram %zd lies outside in_buf", fault.a);
         break;
@@ -467,11 +465,25 @@ static Job *new_job(Switch *sw) {
     return job;
 }
 
+/* Both copies of slots slot_base..slot_base+slot_count-1 back to the power-up state (SwitchModel._clear): a
+ * job's state must not outlive it, or a job re-added on those slots with the old generation would take its
+ * chunks for its own. Under the table's write lock. */
+static void clear_copies(Switch *sw, uint32_t slot_base, uint32_t slot_count) {
+    for (Py_ssize_t i = 2 * (Py_ssize_t)slot_base; i < 2 * ((Py_ssize_t)slot_base + slot_count); i++) {
+        sw->tag[i] = 0;
+        sw->bitmap[i] = sw->count[i] = sw->values_k[i] = 0;
+        sw->exponent[i] = 0;
+        free(sw->values[i]);
+        sw->values[i] = NULL;
+    }
+}
+
 PyDoc_STRVAR(install_doc,
 "install(job_id, generation, key, slot_base, slot_count, k, names)\n\n"
-"Install or update a job; names holds each rank's sockaddr_in (16 bytes each). A job that is\n"
-"already installed keeps its counters (a reset is a new generation, not a new job). Every shard\n"
-"sees the job whole or not at all: a batch in progress finishes first.");
+"Install or update a job; names holds each rank's sockaddr_in (16 bytes each). A new job's slots\n"
+"are cleared first; a job that is already installed keeps its counters and registers (a reset is\n"
+"a new generation, not a new job). Every shard sees the job whole or not at all: a batch in\n"
+"progress finishes first.");
 
 static PyObject *Switch_install(Switch *sw, PyObject *args) {
     int job_id;
@@ -489,10 +501,13 @@ static PyObject *Switch_install(Switch *sw, PyObject *args) {
     }
     write_lock(sw);
     Job *job = sw->jobs[job_id];
-    if (job == NULL && (job = sw->jobs[job_id] = new_job(sw)) == NULL) {
-        write_unlock(sw);
-        PyBuffer_Release(&names);
-        return PyErr_NoMemory();
+    if (job == NULL) {
+        if ((job = sw->jobs[job_id] = new_job(sw)) == NULL) {
+            write_unlock(sw);
+            PyBuffer_Release(&names);
+            return PyErr_NoMemory();
+        }
+        clear_copies(sw, slot_base, slot_count);
     }
     job->generation = generation;
     job->key = key;
@@ -516,6 +531,7 @@ static PyObject *Switch_remove(Switch *sw, PyObject *arg) {
         write_unlock(sw);
         return NULL;
     }
+    clear_copies(sw, sw->jobs[job_id]->slot_base, sw->jobs[job_id]->slot_count);
     free(sw->jobs[job_id]);
     sw->jobs[job_id] = NULL;
     set_fanout(sw);
@@ -700,7 +716,8 @@ static void Switch_dealloc(Switch *sw) {
 static PyMethodDef Switch_methods[] = {
     {"process", (PyCFunction)Switch_process, METH_VARARGS, process_doc},
     {"install", (PyCFunction)Switch_install, METH_VARARGS, install_doc},
-    {"remove", (PyCFunction)Switch_remove, METH_O, "Remove a job: its packets are no longer admitted."},
+    {"remove", (PyCFunction)Switch_remove, METH_O,
+     "Remove a job: its packets are no longer admitted, and its slots' copies return to the power-up state."},
     {"counters", (PyCFunction)Switch_counters, METH_VARARGS, counters_doc},
     {"shard_stats", (PyCFunction)Switch_shard_stats, METH_NOARGS,
      "shard_stats() -> [(datagrams, off_home), ...]: per shard, the datagrams it served and how many of them\n"

@@ -403,9 +403,10 @@ static int recv_fits(int vlen, Py_ssize_t stride, Py_ssize_t len, Py_ssize_t roo
     return vlen >= 1 && vlen <= RECV_VLEN && stride >= 1 && (Py_ssize_t)vlen * stride <= len && room >= vlen;
 }
 
-/* What receives did: datagrams, messages, datagrams dropped for want of room, ICMP errors, bytes. */
+/* What receives did: datagrams, messages, datagrams dropped for want of room, ICMP errors, bytes, and messages
+ * longer than their stride (MSG_TRUNC), whose cut datagram was dropped. */
 typedef struct {
-    long long datagrams, messages, dropped, errors, nbytes;
+    long long datagrams, messages, dropped, errors, nbytes, truncated;
 } RecvCounts;
 
 /* Receive up to vlen messages without waiting and split them, as recv() describes, into the room rows of
@@ -417,7 +418,7 @@ static int recv_batch(int fd, unsigned char *buf, Py_ssize_t stride, int vlen, u
     struct iovec iov[RECV_VLEN];
     GroCmsg cmsgs[RECV_VLEN];
     unsigned char from[RECV_VLEN][NAME];
-    long long datagrams = 0, dropped = 0, errors = 0, nbytes = 0;
+    long long datagrams = 0, dropped = 0, errors = 0, nbytes = 0, truncated = 0;
     int got = 0, fatal = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int j = 0; j < vlen; j++) {
@@ -449,10 +450,14 @@ static int recv_batch(int fd, unsigned char *buf, Py_ssize_t stride, int vlen, u
         errors++;  /* an ICMP error reported late: a loss, and maybe data behind it */
     }
     for (int j = 0; j < got; j++) {
-        Py_ssize_t size = msgs[j].msg_len, segment = segment_size(&msgs[j].msg_hdr);
+        Py_ssize_t size = msgs[j].msg_len, reported = segment_size(&msgs[j].msg_hdr), segment = reported;
         if (segment <= 0 || segment > size)
             segment = size;
         Py_ssize_t segments = size ? (size + segment - 1) / segment : 1;  /* an empty datagram is one too */
+        if (msgs[j].msg_hdr.msg_flags & MSG_TRUNC) {  /* longer than the stride: what the cut fell in is lost */
+            truncated++;  /* a datagram cut short (of a coalesced run: the one at the cut, those after it lost) */
+            segments = reported > 0 && reported < size ? size / segment : 0;  /* a run's whole ones stand */
+        }
         for (Py_ssize_t s = 0; s < segments; s++) {
             if (datagrams == room) {
                 dropped += segments - s;
@@ -473,16 +478,19 @@ static int recv_batch(int fd, unsigned char *buf, Py_ssize_t stride, int vlen, u
     c->dropped = dropped;
     c->errors = errors;
     c->nbytes = nbytes;
+    c->truncated = truncated;
     return fatal;
 }
 
 PyDoc_STRVAR(recv_doc,
-"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors, nbytes)\n\n"
+"recv(fd, buf, stride, messages, offsets, lengths, names) -> (datagrams, messages, dropped, errors, nbytes,\n"
+"                                                             truncated)\n\n"
 "Receive up to ``messages`` messages without waiting, message j into buf[j * stride:], and split each\n"
 "by the segment size the kernel reports (UDP_GRO): datagram i is lengths[i] bytes at buf[offsets[i]:],\n"
 "from the sockaddr_in in row i of names (None: not wanted). Datagrams beyond the room of offsets are\n"
 "dropped and counted; errors counts ICMP errors the kernel reported instead of data. nbytes: the\n"
-"datagrams' bytes (the caller's counters, without a pass of its own over lengths).");
+"datagrams' bytes (the caller's counters, without a pass of its own over lengths). truncated: messages\n"
+"longer than stride (MSG_TRUNC), whose cut datagram is dropped, not handed on short.");
 
 static PyObject *udp_recv(PyObject *self, PyObject *args) {
     int fd, vlen;
@@ -507,7 +515,8 @@ static PyObject *udp_recv(PyObject *self, PyObject *args) {
     RecvCounts c = {0};
     int fatal = recv_batch(fd, buf.buf, stride, vlen, off.buf, len.buf, names_obj == Py_None ? NULL : names.buf,
                            room, &c);
-    result = fatal ? os_error(fatal) : Py_BuildValue("LiLLL", c.datagrams, c.messages, c.dropped, c.errors, c.nbytes);
+    result = fatal ? os_error(fatal) : Py_BuildValue("LiLLLL", c.datagrams, c.messages, c.dropped, c.errors, c.nbytes,
+                                                 c.truncated);
 done:
     release_batch(v);
     return result;
@@ -517,9 +526,10 @@ done:
 
 /* What drive() counts, in this order in its counts array (transport.UdpSocket.drive adds them to its stats). */
 enum { C_SENT, C_SEND_CALLS, C_REFUSED, C_BYTES_SENT, C_RECV_CALLS, C_RECEIVED, C_BYTES_RECEIVED, C_DROPPED,
-       C_GSO_ERRNO, N_COUNTS };
+       C_GSO_ERRNO, C_TRUNCATED, N_COUNTS };
 static const char *const count_names[N_COUNTS] = {"sent", "send_calls", "refused", "bytes_sent", "recv_calls",
-                                                  "received", "bytes_received", "dropped", "gso_errno"};
+                                                  "received", "bytes_received", "dropped", "gso_errno",
+                                                  "truncated"};
 static PyObject *s_emit, *s_done, *s_next_deadline, *s_receive_batch, *s_tick;  /* the stream's, interned */
 
 static double monotonic(void) {  /* time.monotonic()'s clock */
@@ -693,6 +703,7 @@ static PyObject *udp_drive(PyObject *self, PyObject *args) {
             count[C_BYTES_RECEIVED] += c.nbytes;
             count[C_DROPPED] += c.dropped;
             count[C_REFUSED] += c.errors;
+            count[C_TRUNCATED] += c.truncated;
             got = (Py_ssize_t)c.datagrams;
         }
         PyObject *now_obj = PyFloat_FromDouble(monotonic());

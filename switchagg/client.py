@@ -126,6 +126,7 @@ class Client:
         self.retransmissions = 0  # contributions sent again after a loss, over all calls
         self.queries = 0  # QUERY packets that asked the switch whose contribution it misses
         self.protocol_errors = 0  # results in a shape their packet does not have (owner, count): ignored
+        self.foreign_datagrams = 0  # datagrams that were no result of this client's run (Reduction.foreign): ignored
         self.generation: int | None = None  # the job's installed one, where the join starts
         self.session: int | None = None  # this run's, agreed with the peers: what the calls carry
         self._failed: BaseException | None = None
@@ -413,6 +414,7 @@ class Client:
             self.retransmissions += red.retransmissions
             self.queries += red.queries
             self.protocol_errors += red.protocol_errors
+            self.foreign_datagrams += red.foreign
 
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
         """Which workers the stuck slots still wait for (:mod:`switchagg.diagnosis`): from the switch's

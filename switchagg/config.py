@@ -173,15 +173,24 @@ class JobConfig:
         """Read a TOML job file; errors name the file and the field to fix."""
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text())
+            text = path.read_bytes().decode("utf-8")  # TOML is UTF-8, whatever the locale says
         except FileNotFoundError:
             raise ConfigError(f"job file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"job file {path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"job file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as "
+                              "UTF-8, as TOML requires") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read job file {path}: {exc.strerror or exc}; give a readable file") from None
+        data = _parse_toml(text, f"job file {path}")
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_toml(cls, text: str, what: str = "the job's TOML") -> JobConfig:
+        """A job from TOML text, ``what`` naming it in errors (the control port's ``add_job`` reads one so)."""
+        return cls.from_dict(_parse_toml(text, what))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobConfig:
@@ -263,6 +272,21 @@ class JobConfig:
         path = Path(path)
         path.write_text(self.to_toml())
         return path
+
+
+def _parse_toml(text: str, what: str) -> dict[str, Any]:
+    """``text`` parsed, ``what`` naming it in errors: every way the text can fail to parse is a ConfigError
+    saying what to fix, never the parser's traceback."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} is not valid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise ConfigError(f"{what} nests arrays or tables too deep to read: a job file's values are numbers, "
+                          "strings and flat tables; remove the nesting") from None
+    except ValueError as exc:  # an integer past the digits Python converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"{what} holds a number too long to read ({exc}): every number in a job file fits in "
+                          "32 bits; shorten it") from None
 
 
 def _toml_value(v: Any) -> str:

@@ -231,6 +231,8 @@ class JobStatus:
     counters: dict[str, int] = field(default_factory=dict)  # JobCounter names
     global_drops: dict[str, int] = field(default_factory=dict)  # GlobalDrop names
     transport: str = ""  # how the embedded switch's datagrams move, where there is one
+    # the embedded switch's counters outside its data plane: its control port's (control_*), its sockets' drops
+    host_counters: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, target: str, entry: JobEntry, counters: dict[str, int], global_drops: dict[str, int],

@@ -190,6 +190,9 @@ class Reduction:
         self.retransmissions = 0  # contributions sent again
         self.queries = 0  # QUERY packets sent
         self.protocol_errors = 0  # results of this call's packets whose shape (owner, count) was not the packet's
+        # datagrams that are no result or answer of this run's at all (too short, another type, lengths that
+        # disagree, another job's, worker's, session's or key): ignored, and counted where they come
+        self.foreign = 0
         # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
@@ -381,7 +384,8 @@ class Reduction:
         """Take the datagrams received at ``now``: datagram i is ``lengths[i]`` bytes at ``buf[offsets[i]:]``
         (uint32 arrays, or memoryviews of them, as ``UdpSocket.drive`` gives).
 
-        Whatever is not a RESULT for this call is ignored; returns how many were new. The batch is
+        Whatever is not a RESULT for this call is ignored (and counted in :attr:`foreign` where it is not
+        this run's at all); returns how many were new. The batch is
         taken whole, as TCP takes an ACK: each datagram's result, then the window learns from the
         batch's round trips once (:meth:`Window.on_results`) and is filled once.
         """
@@ -390,12 +394,15 @@ class Reduction:
         for at, length in zip(offsets.tolist(), lengths.tolist(), strict=False):
             data = view[at:at + length]
             if length < HEADER_SIZE:
+                self.foreign += 1
                 continue
             h = unpack_header(data)
             if h.type == PacketType.RESULT and length == HEADER_SIZE + 4 * h.count:
                 fresh += self._receive(h, data[HEADER_SIZE:], now)
             elif h.type == PacketType.PENDING and length == HEADER_SIZE:
                 self._receive_pending(h, now)
+            else:
+                self.foreign += 1
         if self._taken:
             self.window.on_results(now, self._taken, self._longest, self._shortest, self._settled,
                                    self._settled_shortest)
@@ -420,11 +427,13 @@ class Reduction:
         worker sends nothing and waits for the result as if its packet had left now (RACK and the
         resend timer watch it from here, and ask again when either runs out).
         """
+        if (h.type, h.worker, h.job, h.generation, h.count) != self._pending:
+            self.foreign += 1  # not this run's
+            return
         t = (h.chunk - self.first_id) & _U32
         entry = self._outstanding.get(t)
-        if ((h.type, h.worker, h.job, h.generation, h.count) != self._pending or entry is None
-                or entry[6] != ASKED or (h.slot, h.copy) != self._slot_copy(t)):
-            return  # not ours, or not the answer it waits for
+        if entry is None or entry[6] != ASKED or (h.slot, h.copy) != self._slot_copy(t):
+            return  # not the answer it waits for
         if not h.key >> self.params.worker & 1 or h.key == self._all:
             self.retransmissions += 1
             self._send(t, now, entry[1])
@@ -450,10 +459,12 @@ class Reduction:
         (:attr:`protocol_errors`) and ignored, never decoded, so the packet stays outstanding. What it
         teaches the window, and what the window then sends, wait for the batch's end (:meth:`receive_batch`).
         """
+        if (h.type, h.worker, h.job, h.generation, h.key) != self._result:
+            self.foreign += 1  # not this run's
+            return False
         t = (h.chunk - self.first_id) & _U32
-        if ((h.type, h.worker, h.job, h.generation, h.key) != self._result
-                or t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t)):
-            return False  # a duplicate, a stale result, or not ours
+        if t not in self._outstanding or (h.slot, h.copy) != self._slot_copy(t):
+            return False  # a duplicate, or a stale result
         if (h.flags & FLAG_OWNER, h.owner, h.count) != self._shape(t):
             self.protocol_errors += 1
             return False

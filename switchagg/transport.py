@@ -100,6 +100,7 @@ class TransportStats:
     recv_calls: int = 0
     refused: int = 0  # sends the kernel refused, or ICMP errors it reported (counted as loss)
     dropped: int = 0  # datagrams of a coalesced message beyond the room of one receive (counted as loss)
+    truncated: int = 0  # datagrams longer than a receive's room (MSG_TRUNC): dropped, never handed on cut short
     bytes_sent: int = 0  # UDP payload bytes handed to the kernel (those it refused too) ...
     bytes_received: int = 0  # ... and received: what a reduce-scatter saves shows here
 
@@ -388,8 +389,9 @@ class UdpSocket:
         if not self.batched:
             return self._recv_plain()
         names = None if self.peer is not None else self.in_names
-        got, _, dropped, errors, nbytes = _udp.recv(self._fd, self.in_buf, self._stride, self._messages,
-                                                    self.in_offsets, self.in_lengths, names)
+        got, _, dropped, errors, nbytes, truncated = _udp.recv(self._fd, self.in_buf, self._stride, self._messages,
+                                                               self.in_offsets, self.in_lengths, names)
+        self.stats.truncated += truncated
         self.stats.recv_calls += 1
         self.stats.received += got
         self.stats.bytes_received += nbytes
@@ -422,13 +424,16 @@ class UdpSocket:
             at = j * self._stride
             self.stats.recv_calls += 1
             try:
-                size, addr = self.sock.recvfrom_into(self._view[at:at + self._stride])
+                size, _, flags, addr = self.sock.recvmsg_into([self._view[at:at + self._stride]])
             except BlockingIOError:
                 break
             except OSError as exc:
                 if exc.errno not in _TRANSIENT:
                     raise
                 self.stats.refused += 1  # an ICMP error reported late: a loss
+                continue
+            if flags & socket.MSG_TRUNC:  # longer than the room: dropped, as the batched receive drops it
+                self.stats.truncated += 1
                 continue
             self.in_offsets[got], self.in_lengths[got] = at, size
             if self.peer is None:

@@ -63,4 +63,7 @@ def run_worker(config: str, rank: int, *, size: int, rounds: int) -> int:
                   f"{client.window.cwnd:.1f}, timeouts {client.window.losses}", flush=True)
             if not r.within_bound:
                 return 1
+        stats = client.transport_stats
+        print(f"dropped on arrival: {client.foreign_datagrams} foreign datagrams, {stats.truncated} cut short, "
+              f"{stats.dropped} past a receive's room", flush=True)
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +31,9 @@ def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, s
     assert f"transport {soft_switch.backend})" in out
     assert ("sendmmsg+GSO/recvmmsg+GRO" in out) == BATCHED_AVAILABLE
     assert f"job {cfg.job_id}: generation" in out and "contributions" in out and "malformed" in out
+    # the drops outside the data plane: the switch's sockets' and its control port's (this status a request)
+    host = out[out.index("the embedded switch's host side"):]
+    assert re.search(r"sockets_truncated +0\n", host) and re.search(r"control_requests +1\n", host)
 
 
 def test_status_json_is_one_object_with_the_job_and_its_counters(make_job, soft_switch, tmp_path, capsys):
@@ -97,6 +101,21 @@ def test_switch_refuses_a_public_control_port_unless_told(tmp_path, capsys):
     assert "--control-any-address: this switch has no control port" in capsys.readouterr().err
 
 
+def test_switch_opens_a_public_control_port_only_with_a_token_it_can_read(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SWITCHAGG_CONTROL_TOKEN", raising=False)
+    cfg = loopback_config(2, switch_port=free_ports(1)[0], k=64)
+    path = cfg.write(tmp_path / "job.toml")
+    public = ["switch", "--config", str(path), "--control", "0.0.0.0:16712", "--control-any-address"]
+    assert main(public) == 1
+    assert "with no control token: whoever reaches it could install jobs. Set SWITCHAGG_CONTROL_TOKEN" in \
+        capsys.readouterr().err
+    assert main([*public, "--control-token-file", str(tmp_path / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert "control token file" in err and "cannot read it" in err and err.count("\n") == 1
+    assert main(["switch", "--config", str(path), "--control-token-file", str(path)]) == 1
+    assert "--control-token-file: this switch has no control port" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("cores", [1, 2] if BATCHED_AVAILABLE else [1])
 def test_switch_without_a_job_file_takes_jobs_through_its_control_port(tmp_path, capsys, cores):
     assert main(["switch", "--address", "127.0.0.1:1"]) == 1
@@ -141,6 +160,20 @@ def test_a_bad_config_is_one_line_and_exit_status_1(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == (f"switchagg status: {path}: job.valeus_per_packet is not a known key: "
                    "did you mean values_per_packet?\n")
+
+
+@pytest.mark.parametrize(("tail", "message"), [
+    ("# caf\xe9".encode("latin-1"), "is not UTF-8 text"),
+    (b"x = " + b"[" * 1000 + b"]" * 1000, "nests arrays or tables too deep to read"),
+    (b"x = " + b"9" * 5000, "holds a number too long to read"),
+], ids=["latin-1", "nested", "5000-digits"])
+def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_path, capsys, tail, message):
+    path = tmp_path / "job.toml"
+    path.write_bytes(loopback_config(2, switch_port=16711, k=64).to_toml().encode() + tail)
+    for argv in (["status", "--config", str(path)], ["switch", "--config", str(path)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"switchagg {argv[0]}: job file {path} {message}") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -143,3 +143,26 @@ def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():
                   (WorkerSpec(Endpoint("127.0.0.1", 1)), WorkerSpec(Endpoint("127.0.0.1", 2), mac="nope")))
     with pytest.raises(ConfigError, match="switch.address = '127.0.0.1:16711': give an Endpoint"):
         JobConfig("127.0.0.1:16711", 1, 1, 0, 16, 64, workers(1))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (GOOD.format(job="", worker="", extra="# caf\xe9").encode("latin-1"),
+     r"is not UTF-8 text \(byte \d+: invalid continuation byte\): save it as UTF-8"),
+    (GOOD.format(job="", worker="", extra="nested = " + "[" * 1000 + "]" * 1000).encode(),
+     "nests arrays or tables too deep to read.*remove the nesting"),
+    (GOOD.format(job="", worker="", extra="nested = " + "{a = " * 1000 + "1" + "}" * 1000).encode(),
+     "nests arrays or tables too deep to read"),
+    (GOOD.format(job="slot_base = " + "9" * 5000, worker="", extra="").encode(),
+     "holds a number too long to read .*fits in 32 bits; shorten it"),
+], ids=["latin-1", "nested-arrays", "nested-tables", "5000-digits"])
+def test_a_file_the_parser_cannot_read_is_one_line_saying_what_to_fix(tmp_path, content, message):
+    path = tmp_path / "job.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as info:
+        JobConfig.from_file(path)
+    assert str(info.value).startswith(f"job file {path} ") and "\n" not in str(info.value)
+
+
+def test_a_path_that_is_not_a_readable_file_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=f"cannot read job file {tmp_path}: Is a directory; give a readable file"):
+        JobConfig.from_file(tmp_path)

@@ -7,13 +7,15 @@ import dataclasses
 import json
 import socket
 import socketserver
+import threading
 
 import pytest
 
 from switchagg import ConfigError, SoftSwitch
 from switchagg.config import Endpoint
-from switchagg.loopback import free_ports
-from switchagg.switch.control import MAX_REQUEST, ControlServer
+from switchagg.errors import SwitchAggError
+from switchagg.loopback import free_ports, loopback_job
+from switchagg.switch.control import MAX_REQUEST, TOKEN_ENV, ControlServer, Guard, control_token
 from switchagg.switch.control_client import request
 from switchagg.targets import TargetOptions, open_target
 from switchagg.transport import BATCHED_AVAILABLE
@@ -54,7 +56,7 @@ def test_the_control_port_refuses_an_address_other_than_loopback_unless_told(sof
             SoftSwitch(("127.0.0.1", 0), control=(host, port))
         with pytest.raises(ConfigError, match="not loopback"):
             ControlServer((host, port), soft_switch)
-    with SoftSwitch(("127.0.0.1", 0), control=("0.0.0.0", port), control_public=True) as sw:
+    with SoftSwitch(("127.0.0.1", 0), control=("0.0.0.0", port), control_public=True, control_token="t") as sw:
         assert request(Endpoint("127.0.0.1", port), {"op": "status"})["address"] == list(sw.address)
     with SoftSwitch(("127.0.0.1", 0), control=("localhost", 0)) as sw:  # a name that resolves to loopback
         assert request(control_of(sw), {"op": "status"})["jobs"] == {}
@@ -117,11 +119,15 @@ def test_every_bad_request_gets_an_error_reply_and_the_connection_stays_open(mak
         {"op": "add_job", "config": 5},
         {"op": "add_job", "config": "this is not TOML"},
         {"op": "add_job", "config": cfg.to_toml().replace("values_per_packet", "valeus_per_packet")},
+        {"op": "add_job", "config": "a = " + "[" * 1000 + "]" * 1000},  # deeper than the TOML parser recurses
+        {"op": "add_job", "config": cfg.to_toml().replace("[job]", "[job]\nslot_base = " + "9" * 5000)},
         {"op": "frobnicate"},
         {},
     ]
     lines = [json.dumps(r).encode() for r in bad] + [
-        b"not json", b"[1, 2, 3]", b"42", b'"status"', b"null", b"\xff\xfe\xfd", b"", b'{"op": "slots", "job": 1e400}']
+        b"not json", b"[1, 2, 3]", b"42", b'"status"', b"null", b"\xff\xfe\xfd", b"", b'{"op": "slots", "job": 1e400}',
+        b"[" * 100_000 + b"]" * 100_000, b'{"op": "status", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"op": "slots", "job": ' + b"1" * 5000 + b"}"]
     with socket.create_connection(soft_switch.control_address, timeout=5) as conn:
         stream = conn.makefile("rwb")
         for line in lines:
@@ -191,3 +197,170 @@ def test_the_soft_target_refuses_options_it_has_no_use_for(make_job, options, me
     cfg = make_job(2, k=64)
     with pytest.raises(ConfigError, match=message):
         open_target("soft", TargetOptions(config=cfg, **options))
+
+
+def test_a_job_re_added_with_its_generation_and_another_k_leaves_the_switch_serving(make_job, soft_switch):
+    """Pinned generation, undeploy, change K, redeploy: the first packet used to end the switch's serving thread
+    (add_be: the old chunk's values of the other K taken as the new job's)."""
+    cfg = dataclasses.replace(make_job(2, k=64), generation=77)
+    soft_switch.remove_job(cfg.job_id)
+    control = control_of(soft_switch)
+    ranks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for rank, (sock, k) in enumerate(zip(ranks, (64, 128), strict=True)):  # a peer's contribution adds
+            sock.bind(cfg.workers[rank].address.tuple)
+            sock.settimeout(10)
+            request(control, {"op": "add_job", "config": dataclasses.replace(cfg, values_per_packet=k).to_toml()})
+            contrib = make_header(PacketType.CONTRIB, job=cfg.job_id, worker=rank, chunk=3, generation=77,
+                                  key=cfg.key, count=k).pack() + bytes(4 * k)
+            sock.sendto(contrib, soft_switch.address)
+            # the probe is served after the contribution: its reply says the switch took that one
+            sock.sendto(make_header(PacketType.PROBE, job=cfg.job_id, worker=rank, key=cfg.key).pack(),
+                        soft_switch.address)
+            assert unpack_header(sock.recv(100)).type == PacketType.PROBE_REPLY
+            if k == 64:
+                request(control, {"op": "remove_job", "job": cfg.job_id, "key": cfg.key})
+    finally:
+        for sock in ranks:
+            sock.close()
+    assert soft_switch.error is None
+    assert soft_switch.slot_state(cfg.job_id, [0])[0][0] == {"copy": 0, "generation": 77, "chunk": 3, "bitmap": 2,
+                                                             "count": 1}
+
+
+TOKEN = "s3cret-token"
+
+
+def test_off_loopback_the_control_port_needs_a_token_and_add_job_carries_it(make_job, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    with pytest.raises(ConfigError, match=f"not loopback, with no control token.*{TOKEN_ENV}.*--control-token-file"):
+        SoftSwitch(("127.0.0.1", 0), control=("0.0.0.0", port), control_public=True)
+    with SoftSwitch(("127.0.0.1", 0), control=("0.0.0.0", port), control_public=True, control_token=TOKEN) as sw:
+        control = Endpoint("127.0.0.1", port)
+        cfg = loopback_job(2, values_per_packet=64, slot_count=16, switch_port=sw.address[1], control_port=port)
+        for token, message in ((None, "add_job needs 'token'"), ("guess", "'token' is not this switch's")):
+            with pytest.raises(ConfigError, match=message):
+                request(control, {"op": "add_job", "config": cfg.to_toml()}, token=token)
+        assert sw.jobs() == {}
+        assert request(control, {"op": "add_job", "config": cfg.to_toml()}, token=TOKEN)["generation"]
+        sw.remove_job(cfg.job_id)
+        # what every client sends where the variable is set: the CLI, the soft target, the torch backend's rendezvous
+        monkeypatch.setenv(TOKEN_ENV, TOKEN)
+        assert open_target("soft", TargetOptions(config=cfg)).deploy(cfg) == sw.jobs()[cfg.job_id].generation
+        status = open_target("soft", TargetOptions(config=cfg)).status(cfg.job_id)
+        assert status.host_counters["control_auth_failures"] == 2
+
+
+def test_on_loopback_a_token_is_optional_but_required_once_set(make_job, monkeypatch, tmp_path):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert control_token() is None
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    assert control_token(path) == TOKEN
+    monkeypatch.setenv(TOKEN_ENV, "from-the-variable")
+    assert control_token() == "from-the-variable" and control_token(path) == TOKEN  # the file wins
+    path.write_text("")
+    with pytest.raises(ConfigError, match="is empty: write the token in it"):
+        control_token(path)
+    monkeypatch.delenv(TOKEN_ENV)
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    with SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", port), control_token=TOKEN) as sw:
+        cfg = loopback_job(2, values_per_packet=64, slot_count=16, switch_port=sw.address[1], control_port=port)
+        with pytest.raises(ConfigError, match="add_job needs 'token'"):
+            open_target("soft", TargetOptions(config=cfg)).deploy(cfg)
+        monkeypatch.setenv(TOKEN_ENV, TOKEN)
+        assert open_target("soft", TargetOptions(config=cfg)).deploy(cfg)
+
+
+class Clock:
+    """A clock the test moves on, so the rate limit is tested without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_wrong_keys_are_counted_and_an_address_past_the_limit_is_refused_unchecked(make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    clock = Clock()
+    server = ControlServer(("127.0.0.1", 0), soft_switch, guard=Guard(failures=3, window=10.0, clock=clock))
+    try:
+        control = Endpoint(*server.address)
+        reset = {"op": "reset", "job": cfg.job_id, "key": cfg.key ^ 1}
+        for _ in range(3):
+            with pytest.raises(ConfigError, match="'key' is not job 1's key"):
+                request(control, reset)
+        generation = soft_switch.jobs()[cfg.job_id].generation
+        for req in (reset, {**reset, "key": cfg.key}, {"op": "add_job", "config": cfg.to_toml()}):
+            with pytest.raises(ConfigError, match=r"3 wrong keys or tokens from 127.0.0.1 within 10 s: changes from it "
+                                                  r"are refused unchecked for 10.0 s more"):
+                request(control, req)
+        assert soft_switch.jobs()[cfg.job_id].generation == generation  # even the right key waits
+        counters = request(control, {"op": "status"})["control"]  # reads are not limited
+        assert counters["auth_failures"] == 3 and counters["rate_limited"] == 3
+        clock.now += 10.0
+        assert request(control, {**reset, "key": cfg.key})["generation"] != generation
+    finally:
+        server.close()
+
+
+def test_an_idle_connection_is_closed_with_a_word_and_counted(soft_switch):
+    server = ControlServer(("127.0.0.1", 0), soft_switch, idle_timeout=0.2)
+    try:
+        with socket.create_connection(server.address, timeout=30) as conn:
+            stream = conn.makefile("rb")
+            assert "no request for 0.2 s: the connection is closed" in json.loads(stream.readline())["error"]
+            assert stream.readline() == b""  # closed by the switch
+        assert server.guard.counters()["idle_timeouts"] == 1
+    finally:
+        server.close()
+
+
+class Broken:
+    """A switch whose every read fails as no request's fault would."""
+
+    address, backend, cores = ("127.0.0.1", 0), "test", 1
+
+    def jobs(self):
+        raise RuntimeError("the table is gone")
+
+
+def test_a_fault_of_the_switch_is_an_error_reply_and_the_port_keeps_serving():
+    server = ControlServer(("127.0.0.1", 0), Broken())
+    try:
+        with socket.create_connection(server.address, timeout=30) as conn:
+            stream = conn.makefile("rwb")
+            for _ in range(2):
+                stream.write(b'{"op": "status"}\n')
+                stream.flush()
+                error = json.loads(stream.readline())["error"]
+                assert error == "the switch failed to serve 'status' (RuntimeError: the table is gone); report it " \
+                                "with the request"
+        assert server.guard.counters() == {"requests": 2, "errors": 2, "auth_failures": 0, "rate_limited": 0,
+                                           "idle_timeouts": 0}
+    finally:
+        server.close()
+
+
+def test_a_reply_that_is_no_json_object_is_one_line_naming_the_port():
+    """The client's side: whatever answers on the port, its reply is checked before use."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = Endpoint(*listener.getsockname())
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(b"SSH-2.0-OpenSSH\n")
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        with pytest.raises(SwitchAggError, match=rf"the control port at {endpoint} answered b'SSH-2.0-OpenSSH\\n', "
+                                                 "not a JSON object"):
+            request(endpoint, {"op": "status"})
+        thread.join()

@@ -477,6 +477,37 @@ def _one_worker_call(impl: str, n_chunks: int, *, started: bool = False, window:
     return red, send_and_answer
 
 
+def test_datagrams_that_are_not_the_runs_are_counted_as_foreign_and_duplicates_are_not(impl):
+    """What a worker's socket brings that is no result or answer of its run is ignored and counted, the same in
+    both twins; a late duplicate of its own result is the protocol at work, not foreign."""
+    from switchagg.wire import datagram_size
+
+    red, send_and_answer = _one_worker_call(impl, 4, started=True)
+    rows = np.empty((8, datagram_size(16)), np.uint8)
+    n = red.emit(rows, np.zeros(len(rows), np.uint32))
+    job = Job(n=1, slots=8, k=16)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    result = model.process(rows[0].tobytes(), job.address(0))[0]
+    h = result.header
+    own = result.payload()
+    pending = h._replace(type=PacketType.PENDING, count=0).pack()
+    junk = [
+        own[:10],  # too short for a header
+        h._replace(type=PacketType.PROBE_REPLY, count=0).pack(),  # another type
+        own[:-4],  # lengths that disagree
+        h._replace(generation=h.generation ^ 1).pack() + own[24:],  # another session's
+        h._replace(job=h.job + 1).pack() + own[24:],  # another job's
+        h._replace(worker=h.worker + 1).pack() + own[24:],  # another worker's
+        h._replace(key=h.key ^ 1).pack() + own[24:],  # another key
+        pending[:4] + bytes([pending[4] ^ 1]) + pending[5:],  # an answer to another job's query
+    ]
+    batch = [*junk, own, own]  # its own result, then a duplicate of it
+    offsets = np.cumsum([0] + [len(d) for d in batch[:-1]]).astype(np.uint32)
+    assert n and red.receive_batch(b"".join(batch), offsets, np.array([len(d) for d in batch], np.uint32), 0.001) == 1
+    assert red.foreign == len(junk)
+
+
 def test_a_receive_batch_teaches_the_window_one_round_trip_its_oldest_packets(impl):
     """A batch of results is taken as TCP takes an ACK of many segments: the RTO's estimate takes one
     sample, the longest round trip (the oldest send's), not one a result, which would leave the

@@ -4,6 +4,8 @@ both, every packet out and every counter compared."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -337,6 +339,13 @@ def test_length_and_count_checks(sw):
     assert sw.slot_state(1, 0)[0]["count"] == 0
 
 
+@pytest.mark.parametrize("size", [HEADER_SIZE + 1, 500, 1023 + HEADER_SIZE, 9000])
+def test_junk_of_any_length_is_a_counted_drop(sw, size):
+    """NativeSwitch.process sizes its out arrays for what any datagram may make, as the model takes anything."""
+    assert sw.process(bytes(size), src(0)) == []
+    assert sw.counters()["global"]["bad_version"] == 1
+
+
 def test_counts_whose_length_wraps_around_16_bits_are_malformed(sw):
     """A count 16384 higher makes 24 + 4 * count 65536 bytes longer: no datagram is that long."""
     for count, values in ((0x4000, []), (0x4000 + K, [1] * K), (0xC000 + K, [1] * K)):
@@ -503,11 +512,57 @@ def test_counters_outlive_a_reset_and_go_with_the_job(model):
     assert m.process(pkt(0, 1), src(0)) == []  # admitted again: a first write
 
 
-def random_traffic(rng, n_packets, ks=(K, 6)):
+EMPTY = (0, 0, 0, 0, None)  # a copy's registers at power-up (CopyState)
+
+
+def test_removing_a_job_returns_its_slots_to_the_power_up_state(model):
+    m = model(16)
+    m.add_job(job(base=2, slots=2))
+    m.add_job(job(job_id=2, base=0, slots=2, n=2))
+    for slot in range(2):
+        m.process(pkt(0, 5, slot=slot, copy=slot), src(0))
+        m.process(pkt(0, 5, job_id=2, slot=slot), src(0))
+    m.remove_job(1)
+    assert [tuple(m.registers(i)) for i in range(4, 8)] == [EMPTY] * 4
+    assert m.registers(0).count == 1  # job 2's slots are its own
+
+
+@pytest.mark.parametrize("remove", [True, False], ids=["removed", "slots-given-to-another-job"])
+def test_a_job_re_added_with_its_generation_and_another_k_starts_on_empty_slots(model, remove):
+    """An operator's pinned generation, undeploy, change K, redeploy: the old chunks are not the new job's."""
+    m = model(16)
+    m.add_job(job(gen=9, k=K))
+    m.process(pkt(0, 5, k=K), src(0))
+    m.process(pkt(1, 5, k=K), src(1))
+    m.remove_job(1)
+    m.add_job(job(gen=9, k=6) if remove else job(job_id=3, gen=9, k=6))
+    job_id = 1 if remove else 3
+    assert m.process(pkt(2, 5, job_id=job_id, k=6), src(2)) == []
+    assert m.slot_state(job_id, 0)[0] == {"copy": 0, "generation": 9, "chunk": 5, "bitmap": 4, "count": 1}
+    m.process(pkt(0, 5, job_id=job_id, k=6), src(0))
+    out = m.process(pkt(1, 5, job_id=job_id, k=6), src(1))
+    assert decode(out[0])[1].tolist() == [6] * 6
+    assert jc(m, job_id)["bad_count"] == 0
+
+
+def test_the_c_switch_drops_a_contribution_its_copy_holds_another_k_for():
+    """Updating an installed job's K in C (which NativeSwitch never does: its add clears) is a counted drop, not
+    a sum past the stored values."""
+    m = NativeSwitch(16)
+    m.add_job(job(gen=9, k=K))
+    m.process(pkt(0, 5, k=K), src(0))
+    e = job(gen=9, k=6)
+    m._core.install(1, 9, KEY, 0, e.slot_count, 6, b"".join(sockaddr_in(w) for w in e.workers))
+    assert m.process(pkt(1, 5, k=6), src(1)) == []
+    assert jc(m)["bad_count"] == 1 and m.registers(0).count == 1
+
+
+def random_traffic(rng, n_packets, ks=(K, 6), current=None):
     """Two jobs' workers sending, retransmitting, going stale, plus strangers and broken packets (jobs 1 and 7
-    of K = ``ks``, as the tests install them)."""
+    of K = ``ks``, as the tests install them); ``current`` carries on where another's traffic left off."""
     jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5, k=ks[0]), job(job_id=7, n=5, base=2, slots=3, gen=6, k=ks[1])]
-    current = {}  # (job, slot, copy) -> the chunk its workers are on; ids start just before the wrap
+    current = {} if current is None else current  # (job, slot, copy) -> the chunk its workers are on; ids start
+    # just before the wrap
     for _ in range(n_packets):
         j = jobs[rng.integers(len(jobs))]
         worker = int(rng.integers(j.n_workers))
@@ -551,15 +606,25 @@ def test_native_switch_matches_the_model_on_random_traffic():
         m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5))
         m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6))
     emitted = 0
-    for i, (data, source) in enumerate(random_traffic(rng, 4000)):
+    # job 7 re-added at packet 3000 with its generation and another K, its workers going on from the chunks its
+    # slots hold: the old state cleared, not taken for the new K's
+    chunks = {}
+    traffic = itertools.chain(random_traffic(rng, 3000, current=chunks),
+                              random_traffic(rng, 1000, ks=(K, 5), current=chunks))
+    for i, (data, source) in enumerate(traffic):
         if i == 2000:
             for m in (ref, native):
                 m.set_generation(7, 6)  # the same generation: a no-op reset keeps the state
                 m.set_generation(1, 8)
+        if i == 3000:
+            for m in (ref, native):
+                m.remove_job(7)
+                m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=5))
         want, got = ref.process(data, source), native.process(data, source)
         assert [(e.dst, e.payload()) for e in got] == [(e.dst, e.payload()) for e in want], f"packet {i}"
         emitted += len(want)
     assert native.counters() == ref.counters()
+    assert [native.registers(i) for i in range(16)] == [ref.registers(i) for i in range(16)]
     jobs = ref.counters()["jobs"]
     datagram_drops = {r: n for r, n in ref.counters()["global"].items() if r not in ("ip_options", "fragment")}
     assert emitted > 200 and all(datagram_drops.values())  # the traffic exercised every path a datagram has

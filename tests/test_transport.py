@@ -152,6 +152,23 @@ def test_recv_packets_describes_each_datagram_by_offset_and_length(batched):
 
 
 @pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
+def test_a_datagram_longer_than_the_receive_s_room_is_a_counted_drop_never_handed_on_cut_short(batched):
+    import socket
+
+    with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched, segmentation=False) as rx, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        sent = [b"a" * 64, b"b" * 65, b"c" * 1000, b"d" * 10]
+        for d in sent:
+            tx.sendto(d, rx.address)
+        got = []
+        while len(got) < 2:  # the two that fit: the last is sent after the long ones, so they were taken first
+            n = rx.recv_packets(10.0)
+            got += [rx.in_buf[rx.in_offsets[i]:rx.in_offsets[i] + rx.in_lengths[i]].tobytes() for i in range(n)]
+    assert got == [sent[0], sent[3]]
+    assert rx.stats.truncated == 2 and rx.stats.received == 2
+
+
+@pytest.mark.parametrize("batched", [False, True] if BATCHED_AVAILABLE else [False])
 def test_rows_go_to_their_names_and_come_back_with_their_sources(batched):
     """The C switch's path: an unconnected socket sends row i to name i, and hears where rows came from."""
     with UdpSocket(("127.0.0.1", 0), batch=8, max_datagram=64, batched=batched) as sw, \

@@ -81,9 +81,13 @@ class SwitchModel:
         return self.table.as_dict()
 
     def add_job(self, entry: JobEntry) -> None:
-        """Install a job's admission entries; refuses overlapping slots and reused ids."""
+        """Install a job's admission entries on cleared slots; refuses overlapping slots and reused ids.
+
+        The slots are cleared here as well as at removal: a job re-added with its old generation
+        must not find its old chunks "fresh" (another K's values among them)."""
         self.table.add(entry)
         self.job_counters[entry.job_id] = [0] * len(JobCounter)
+        self._clear(entry)
         self._admit(entry)
 
     def _admit(self, entry: JobEntry) -> None:
@@ -93,10 +97,19 @@ class SwitchModel:
             self._admission[(entry.job_id, rank, ip, port, entry.key)] = entry
 
     def remove_job(self, job_id: int) -> JobEntry:
+        """Uninstall a job: its admission entries go, and its slots return to the power-up state."""
         entry = self.table.remove(job_id)
         self.job_counters.pop(job_id)
         self._admission = {k: v for k, v in self._admission.items() if k[0] != job_id}
+        self._clear(entry)
         return entry
+
+    def _clear(self, entry: JobEntry) -> None:
+        """Both copies of every slot of ``entry`` back to the power-up state (as a control plane writes
+        registers), so that no state outlives the job that wrote it."""
+        for i in range(2 * entry.slot_base, 2 * (entry.slot_base + entry.slot_count)):
+            self.tag[i] = self.bitmap[i] = self.count[i] = self.exponent[i] = 0
+            self.values[i] = None
 
     def set_generation(self, job_id: int, generation: int) -> None:
         """Reset a job: a new installed generation, which probes answer and the workers' join starts from.

@@ -96,7 +96,9 @@ class NativeSwitch:
     def process(self, data: bytes | memoryview, src: Address, shard: int = 0) -> list[Emit]:
         """One datagram in, what to send out: :meth:`SwitchModel.process`'s contract (served by ``shard``)."""
         names = np.frombuffer(sockaddr_in(src), dtype=np.uint8).reshape(1, NAME_SIZE)
-        out = np.empty(MAX_WORKERS * HEADER_SIZE + len(data), dtype=np.uint8)
+        # room for the most any datagram can make (process_batch refuses one whose room is short): a packet to each
+        # of the largest job's workers, each the datagram's length, or a header for a shorter one
+        out = np.empty(MAX_WORKERS * max(len(data), HEADER_SIZE), dtype=np.uint8)
         heads, bodies = np.empty((2, MAX_WORKERS), dtype=np.uint32), np.empty((2, MAX_WORKERS), dtype=np.uint32)
         out_names = np.empty((MAX_WORKERS, NAME_SIZE), dtype=np.uint8)
         _, made = self.process_batch(np.frombuffer(bytes(data), dtype=np.uint8), np.zeros(1, np.uint32),

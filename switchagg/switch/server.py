@@ -7,7 +7,7 @@ It is the default target (no hardware, no BMv2) and runs in-process (threads)
 or as ``switchagg switch``. An optional control port (TCP, one JSON object per
 line, see :mod:`switchagg.switch.control`) lets another process read counters,
 reset a job or see which workers a slot still waits for; it listens on loopback
-unless ``control_public`` says otherwise.
+unless ``control_public`` says otherwise (and then only with a ``control_token``).
 
 **Several cores** (``cores`` > 1, ``switchagg switch --cores N``): ``N`` threads serve the one
 :class:`NativeSwitch`, each from a socket of its own, all bound to the switch's address in one
@@ -132,8 +132,10 @@ class SoftSwitch:
     ``batch`` is how many datagrams the pure model (``native=False``) takes before it sends their
     results: at most :data:`RESULTS_KEPT`, the results whose values it keeps. ``segmentation`` is
     the socket's (:class:`~switchagg.transport.UdpSocket`): None uses GSO/GRO where the kernel has them.
-    The control port, where ``control`` names one, must be on loopback unless ``control_public``:
-    whoever reaches it reads the counters, and whoever knows a job's key resets or removes the job.
+    The control port, where ``control`` names one, must be on loopback unless ``control_public``, and
+    off loopback needs a ``control_token`` (:func:`~switchagg.switch.control.control_token` reads the
+    operator's): whoever reaches it reads the counters, whoever knows a job's key resets or removes
+    the job, and ``add_job`` needs the token where one is set.
     ``cores`` is how many threads serve the C switch, each from its own socket, ``steer`` which
     field picks a datagram's (``"job"`` or ``"slot"``, see the module's doc); more than one core
     needs Linux's batched sockets.
@@ -143,12 +145,12 @@ class SoftSwitch:
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
                  batched: bool | None = None, batch: int = 64, native: bool = True,
                  segmentation: bool | None = None, control_public: bool = False, cores: int = 1,
-                 steer: str = "job") -> None:
+                 steer: str = "job", control_token: str | None = None) -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
         if self.control_address is not None:  # refused here, before anything is bound
-            check_control_address(self.control_address, control_public)
-        self._control_public = control_public
+            check_control_address(self.control_address, control_public, control_token)
+        self._control_public, self._control_token = control_public, control_token
         if not 1 <= cores <= MAX_SHARDS:
             raise ConfigError(f"cores = {cores}: the switch runs on 1..{MAX_SHARDS} cores")
         if cores > 1 and not native:
@@ -184,7 +186,8 @@ class SoftSwitch:
         self.address = self._sock.address
         if self.control_address is not None:
             try:
-                self._control = ControlServer(self.control_address, self, public=self._control_public)
+                self._control = ControlServer(self.control_address, self, public=self._control_public,
+                                              token=self._control_token)
             except BaseException:
                 self._close_sockets()
                 raise
@@ -307,6 +310,13 @@ class SoftSwitch:
             return []  # the pure model counts no datagrams of its own
         with self.lock:
             return self.model.shard_stats()
+
+    def socket_counters(self) -> dict[str, int]:
+        """What the switch's sockets dropped before any shard saw it, summed over them: datagrams cut short
+        (longer than a receive's room), those of a coalesced message past a receive's room, and sends the
+        kernel refused or ICMP errors it reported."""
+        socks = list(self._socks)
+        return {name: sum(getattr(sock.stats, name) for sock in socks) for name in ("truncated", "dropped", "refused")}
 
     def slot_state(self, job_id: int, slots: list[int]) -> dict[int, list[dict[str, int | None]]]:
         """Both copies of each of the job's ``slots`` (its own numbers, 0..slot_count - 1)."""

@@ -3,11 +3,13 @@
 
 Changes to a job (``deploy``, ``reset``, ``undeploy``) carry the job's key, which the control port
 checks against the installed job's: the key comes from the config the target was opened with.
+Every request carries the operator's control token where one is set (``token``, by default
+``SWITCHAGG_CONTROL_TOKEN``'s value), which a switch started with one requires to install a job.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
@@ -17,14 +19,19 @@ from .base import Target, TargetOptions
 
 
 class SoftTarget(Target):
-    """The embedded switch at ``control``, its control port; ``config`` is the job whose key changes carry."""
+    """The embedded switch at ``control``, its control port; ``config`` is the job whose key changes carry,
+    ``token`` the control token (None: ``SWITCHAGG_CONTROL_TOKEN``'s, where it is set)."""
 
     name: ClassVar[str] = "soft"
     summary: ClassVar[str] = "the embedded software switch, through its control port (switch.control)"
 
-    def __init__(self, control: Endpoint, config: JobConfig | None = None) -> None:
+    def __init__(self, control: Endpoint, config: JobConfig | None = None, token: str | None = None) -> None:
         self.control = control
         self.config = config
+        self.token = token
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        return request(self.control, req, token=self.token)
 
     @classmethod
     def open(cls, options: TargetOptions) -> SoftTarget:
@@ -47,27 +54,28 @@ class SoftTarget(Target):
         return self.config.key
 
     def deploy(self, job: JobConfig) -> int:
-        return request(self.control, {"op": "add_job", "config": job.to_toml(), "key": job.key})["generation"]
+        return self._request({"op": "add_job", "config": job.to_toml(), "key": job.key})["generation"]
 
     def undeploy(self, job_id: int) -> None:
-        request(self.control, {"op": "remove_job", "job": job_id, "key": self._key(job_id, "removing")})
+        self._request({"op": "remove_job", "job": job_id, "key": self._key(job_id, "removing")})
 
     def reset(self, job_id: int) -> int:
-        return request(self.control, {"op": "reset", "job": job_id,
+        return self._request({"op": "reset", "job": job_id,
                                       "key": self._key(job_id, "resetting")})["generation"]
 
     def jobs(self) -> dict[int, tuple[int, int]]:
-        jobs = request(self.control, {"op": "status"})["jobs"]
+        jobs = self._request({"op": "status"})["jobs"]
         return {int(j): (e["slot_base"], e["slot_count"]) for j, e in jobs.items()}
 
     def capacity(self) -> tuple[int, int | None]:
         return request(self.control, {"op": "status"})["num_slots"], None
 
     def status(self, job_id: int) -> JobStatus:
-        reply = request(self.control, {"op": "status"})
+        reply = self._request({"op": "status"})
         drops, backend = reply["counters"]["global"], reply.get("backend", "")
+        host = {f"{part}_{name}": n for part in ("sockets", "control") for name, n in reply.get(part, {}).items()}
         job = reply["jobs"].get(str(job_id))
         if job is None:
-            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend)
+            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host)
         return JobStatus(self.name, job_id, True, job["generation"], job["slot_base"], job["slot_count"],
-                         len(job["workers"]), reply["counters"]["jobs"][str(job_id)], drops, backend)
+                         len(job["workers"]), reply["counters"]["jobs"][str(job_id)], drops, backend, host)
