@@ -255,3 +255,25 @@ def many_groups(rank: int, queue: Any, world: int, env: dict[str, str], port: in
         places.append(one.formed.fallback)
     dist.destroy_process_group()
     queue.put((rank, "result", {"sums": sums, "places": places}))
+
+
+def hsdp(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str, steps: int) -> None:
+    """FSDP2's HSDP on a 2-D DeviceMesh (replicate x shard): its groups are the backend's subgroups, the
+    gradients reduce-scattered on the shard dimension and all-reduced on the replicate one."""
+    _init(rank, world, env, port, backend)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    losses = _steps(model, rank, steps)
+    sent = 0
+    if backend == "switchagg":
+        sent = sum(mesh.get_group(d).client.transport_stats.bytes_sent for d in ("replicate", "shard"))
+    dist.destroy_process_group()
+    queue.put((rank, "result", {"losses": losses, "sent": sent}))

@@ -144,3 +144,13 @@ def test_groups_share_the_switch_and_those_that_find_it_full_sum_through_the_fal
     # The world group took 128 of the 256 slots; each group after it half of what was left, down to 16
     assert [n for _, n in on_switch] == [64, 32, 16, 16] and places[4:6] == [None] * 2, places
     assert "one rank" in places[6]
+
+
+def test_hsdp_on_a_2d_mesh_sums_through_the_switch_on_both_dimensions(switch):  # noqa: F811
+    """DeviceMesh makes a subgroup per row and column, each a job of its own beside the world's."""
+    _, env = switch
+    gloo = spawn(dist_worker.hsdp, env, "gloo", 10, world=4)
+    ours = spawn(dist_worker.hsdp, env, "switchagg", 10, world=4)
+    for rank in range(4):
+        assert np.allclose(ours[rank]["losses"], gloo[rank]["losses"], rtol=1e-4, atol=0)
+        assert ours[rank]["sent"] > 10 * 4 * (20 * 64 + 64 * 4) / 2, "the shards went through the switch"
