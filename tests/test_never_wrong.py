@@ -16,7 +16,7 @@ import pytest
 from switchagg import Client, QuantizationError
 from switchagg.errors import CallMismatch, ClosedError, PeerFailed
 
-from .conftest import calls_on_ranks, run_ranks
+from .conftest import calls_on_ranks
 
 
 def allreduce(x, **kw):
@@ -33,32 +33,6 @@ def test_a_restarted_job_never_gets_the_last_runs_sums(make_job, soft_switch):
     assert all(np.all(o[0] == 10.0) for o in second)
     counters = soft_switch.counters()["jobs"][cfg.job_id]
     assert counters["results_unicast"] == 0  # nothing of the first run was served as a repeat
-
-
-def test_a_run_that_stopped_after_its_join_leaves_a_verdict_the_next_run_never_takes(make_job, soft_switch):
-    """The earlier run joined and stopped before any call replaced slot 0's copies: the next run's
-    clients are served the earlier run's nonces and then its verdict (every rank's yes, none of the new
-    run's words). They refuse that rung and climb to a session of their own (taking the verdict would
-    make the earlier run's session theirs), and sum their own values in it."""
-    cfg = make_job(2, k=64, slot_count=16)
-
-    def join(rank: int) -> int:
-        with Client(cfg, rank, start_timeout=10, stall_timeout=3) as c:
-            return c.join()
-
-    earlier = run_ranks(2, join)
-    assert len(set(earlier)) == 1 and isinstance(earlier[0], int)
-    served = soft_switch.counters()["jobs"][cfg.job_id]["results_unicast"]
-
-    def join_and_sum(rank: int) -> tuple[int, np.ndarray]:
-        with Client(cfg, rank, start_timeout=10, stall_timeout=3) as c:
-            return c.join(), c.allreduce(np.full(100, rank + 1, np.int32))
-
-    later = run_ranks(2, join_and_sum)
-    assert {session for session, _ in later} != set(earlier) and len({session for session, _ in later}) == 1
-    assert all(np.all(out == 3) for _, out in later)
-    # the earlier run's nonces and verdict were served as repeats: the rung this run refused
-    assert soft_switch.counters()["jobs"][cfg.job_id]["results_unicast"] - served >= 2 * 2
 
 
 def test_a_restart_after_a_longer_run_is_not_dropped_as_stale(make_job):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from switchagg.payloads import Int32Payloads
 from switchagg.protocol import Reduction
@@ -141,3 +142,22 @@ def test_a_verdict_half_filled_by_a_run_that_died_inside_it_is_refused_by_the_ra
     assert [verdicts[r][8 * r:8 * r + 8] == own[r] for r in range(JOB.n)] == [False] + [True] * (JOB.n - 1)
     assert {j.rungs for j in joins.values()} == {1}
     join_all(model, joins)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 42: a rank served an earlier run's sums climbs alone and its next "
+                   "phase replaces the copy a slower peer still needs; the peers then replace it in turn (livelock)")
+def test_a_rank_that_climbs_ahead_of_its_peers_through_an_earlier_runs_sums_does_not_strand_them():
+    """An earlier run finished its handshake and stopped. The new run's rank 0 comes first: the switch
+    serves it the earlier sums at once (repeats, no peer needed), so it refuses the rung and sends its
+    next rung's nonces to slot 0's copy 0 before rank 1 has sent its first. Rank 1's first nonces must
+    still reach a sum, and both ranks a session (a restart whose ranks start apart, as processes do)."""
+    model = model_with_job()
+    earlier = start()
+    join_all(model, earlier)
+    joins = start()
+    first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
+    for _ in range(2):  # rank 0 alone: the earlier nonces and verdict, served as repeats
+        first[0].take(run_phase(model, first, [0])[0])
+    assert first[0].rungs == 1
+    assert run_phase(model, first, [0]) == {}  # its next rung's nonces: counted, waiting for its peers
+    assert sorted(run_phase(model, rest, sorted(rest))) == sorted(rest)  # the others' first nonces come back
