@@ -21,10 +21,15 @@ import torch.distributed as dist
 import switchagg.distributed  # noqa: F401 - registers the "switchagg" backend
 
 
+def net() -> torch.nn.Module:
+    """The model, unwrapped: every rank starts from the same weights."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                               torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
 def model_for(fsdp: bool) -> torch.nn.Module:
-    torch.manual_seed(0)  # every rank starts from the same weights
-    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model = net()
     if not fsdp:
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard

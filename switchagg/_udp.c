@@ -31,6 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#ifndef POLLRDHUP
+#define POLLRDHUP 0x2000  /* Linux's (poll.h defines it under _GNU_SOURCE) */
+#endif
 #include <sys/socket.h>
 #include <time.h>
 
@@ -588,8 +591,9 @@ PyDoc_STRVAR(drive_doc,
 "``stream.next_deadline()``, what came is received as recv() receives into ``in_buf`` and handed to\n"
 "``stream.receive_batch(in_buf, offsets, lengths, now)`` (uint32 memoryviews), and ``stream.tick(now)`` and\n"
 "``advance(stream, now)`` (unless None) run, turn after turn.\n"
-"Returns True once ``stream.done``; False when ``wake`` seconds passed or a wait until then found\n"
-"nothing, so that the caller can look whether it is closing and call again. What the stream raises is\n"
+"Returns True once ``stream.done``; False when ``wake`` seconds passed, a wait until then found nothing,\n"
+"or the socket was shut for reading (``UdpSocket.interrupt``, at once), so that the caller can look\n"
+"whether it is closing and call again. What the stream raises is\n"
 "raised. ``counts`` (int64, one per name in DRIVE_COUNTS) is added to as the packets move, so it holds\n"
 "what moved even when something raises; gso_errno is set where the kernel refused segmentation (the\n"
 "rest of the call went out plainly).");
@@ -678,7 +682,7 @@ static PyObject *udp_drive(PyObject *self, PyObject *args) {
         double wait = deadline - now < end - now ? deadline - now : end - now;
         int idle = 0;
         if (wait > 0) {  /* as UdpSocket.wait: whole milliseconds, rounded up (a day at most: an int) */
-            struct pollfd p = {.fd = fd, .events = POLLIN};
+            struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
             int ready, err = 0, ms = wait < 86400.0 ? (int)(wait * 1000 + 0.999) : 86400000;
             Py_BEGIN_ALLOW_THREADS
             ready = poll(&p, 1, ms);
@@ -689,6 +693,10 @@ static PyObject *udp_drive(PyObject *self, PyObject *args) {
                 goto done;
             }
             idle = ready == 0;
+            if (ready > 0 && (p.revents & POLLRDHUP)) {  /* shut for reading (UdpSocket.interrupt): its */
+                result = Py_NewRef(Py_False);               /* owner is closing, and looks at once */
+                break;
+            }
         }
         Py_ssize_t got = 0;
         if (!idle) {

@@ -44,7 +44,9 @@ from .wire import (
 
 _U32 = 0xFFFFFFFF
 _SEND_BYTES = 1 << 20  # what one send call may carry: a window's worth of small packets
-_WAKE = 0.2  # s: the longest the client's thread waits on its socket before it looks whether it is closing
+_WAKE = 0.2  # s: how long the client's thread waits on its socket, or the C loop runs, between looks at the
+# call from Python (close() wakes a wait at once: UdpSocket.interrupt)
+_PROBE_EVERY = 0.2  # s: a probe that got no reply goes again
 NONFINITE = ("propagate", "raise")
 
 
@@ -231,13 +233,14 @@ class Client:
         return future
 
     def close(self) -> None:
-        """Stop the thread (failing queued calls, and within :data:`_WAKE` the one running) and release
-        the socket."""
+        """Stop the thread (failing queued calls, and the one running at once: its wait on the socket is
+        woken, :meth:`~switchagg.transport.UdpSocket.interrupt`) and release the socket."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
             self._queue.put(None)
+        self._sock.interrupt()
         if threading.current_thread() is not self._thread:
             self._thread.join()
         self._sock.close()
@@ -281,7 +284,7 @@ class Client:
         while True:
             self._check_open()
             self._sock.send([((probe,), None)])
-            for h in self._replies(min(time.monotonic() + 0.2, deadline)):
+            for h in self._replies(min(time.monotonic() + _PROBE_EVERY, deadline)):
                 if (h.type == PacketType.PROBE_REPLY and h.job == cfg.job_id
                         and h.worker == self.rank and h.key == cfg.key):
                     return self._accept_generation(h.generation)

@@ -60,6 +60,7 @@ BATCHED_AVAILABLE = sys.platform.startswith("linux") and hasattr(_udp, "send")
 _GRO_MESSAGES = 16  # coalesced messages per receive call (each up to GRO_BUFFER bytes)
 _RECV_VLEN = getattr(_udp, "RECV_VLEN", 256)  # messages per receive call otherwise
 _MAX_NAMES = 4096  # source addresses remembered; a sender forging many just empties the cache
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: a wait wakes when the socket is shut for reading (interrupt)
 
 
 def sockaddr_in(addr: Address) -> bytes:
@@ -148,7 +149,7 @@ class UdpSocket:
         self.segments = max_segments() if self.gso else 1
         self._gso_refused = ""
         self._poll = select.poll()
-        self._poll.register(self._fd, select.POLLIN)
+        self._poll.register(self._fd, select.POLLIN | _POLLRDHUP)
         # Sending: packet i is out_lengths[i] bytes at out_buf[out_offsets[i]:], to out_names[i] when unconnected.
         self.out_buf = np.zeros(out_bytes or batch * max_datagram, dtype=np.uint8)
         self.out_offsets = np.zeros(batch, dtype=np.uint32)
@@ -216,6 +217,14 @@ class UdpSocket:
             return self.sock.getsockopt(socket.IPPROTO_IP, IP_MTU)
         except OSError:
             return 1500
+
+    def interrupt(self) -> None:
+        """End a wait on this socket now, and every later one at once: its owner is closing.
+
+        The socket is shut for reading, which wakes a poll on it (the kernel reports a hang-up:
+        :meth:`wait` returns, :meth:`drive` returns False) and leaves it ready; sends still go.
+        """
+        self.sock.shutdown(socket.SHUT_RD)
 
     def close(self) -> None:
         self.sock.close()

@@ -8,6 +8,7 @@ the group on a TCP store at ``port``, and puts its findings on ``queue`` for the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -33,41 +34,53 @@ def _values(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def collectives(rank: int, queue: Any, world: int, env: dict[str, str], port: int, sizes: list[int]) -> None:
-    """Each collective through the backend, with what the test compares them to."""
+    """Each collective through the backend, with what the test compares them to, and what each moved
+    through the switch (``moved``: the client's bytes sent and received during the call)."""
     _init(rank, world, env, port)
     pg = dist.group.WORLD
-    out: dict[str, Any] = {"job": pg.formed.config.job_id, "received": []}
+    stats = pg.client.transport_stats
+    moved: dict[str, tuple[int, int]] = {}
+
+    def call(name: str, fn: Callable[[], Any]) -> None:
+        sent, received = stats.bytes_sent, stats.bytes_received
+        fn()
+        moved[name] = (stats.bytes_sent - sent, stats.bytes_received - received)
+
+    out: dict[str, Any] = {"job": pg.formed.config.job_id, "moved": moved}
     for i, n in enumerate(sizes):
         for dtype in (torch.int32, torch.float32):
             x = _values(rank, n * world, dtype, i)
             y = x.clone()
-            dist.all_reduce(y)
+            call(f"all_reduce {dtype} {n}", lambda y=y: dist.all_reduce(y))
             out[f"all_reduce {dtype} {n}"] = y.numpy()
             shard = torch.empty(n, dtype=dtype)
-            before = pg.client.transport_stats.bytes_received
-            dist.reduce_scatter_single(shard, x)
-            out["received"].append((n, dtype, pg.client.transport_stats.bytes_received - before))
+            call(f"reduce_scatter {dtype} {n}", lambda shard=shard, x=x: dist.reduce_scatter_single(shard, x))
             out[f"reduce_scatter {dtype} {n}"] = shard.numpy()
             gathered = torch.empty(n * world, dtype=dtype)
-            dist.all_gather_single(gathered, x[:n])
+            call(f"all_gather {dtype} {n}", lambda gathered=gathered, x=x, n=n: dist.all_gather_single(gathered, x[:n]))
             out[f"all_gather {dtype} {n}"] = gathered.numpy()
     mean = _values(rank, 1000, torch.float32, 99)
-    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    call("avg", lambda: dist.all_reduce(mean, op=dist.ReduceOp.AVG))
     out["avg"] = mean.numpy()
     # Delegated: another op, another dtype, and calls the switch has no part in.
     m = torch.tensor([rank * 1.0, -rank * 1.0])
-    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    call("max", lambda: dist.all_reduce(m, op=dist.ReduceOp.MAX))
     f64 = torch.full((3,), 0.1 * (rank + 1), dtype=torch.float64)
-    dist.all_reduce(f64)
+    call("f64", lambda: dist.all_reduce(f64))
     b = torch.tensor([rank])
-    dist.broadcast(b, src=world - 1)
+    call("broadcast", lambda: dist.broadcast(b, src=world - 1))
     objs: list[Any] = [None] * world
-    dist.all_gather_object(objs, {"rank": rank})
-    dist.barrier()
-    work = dist.all_reduce(torch.ones(5, dtype=torch.int32), async_op=True)
-    work.wait()
+    call("objects", lambda: dist.all_gather_object(objs, {"rank": rank}))
+    call("barrier", dist.barrier)
+    works: list[Any] = []
+
+    def issue_and_wait() -> None:
+        works.append(dist.all_reduce(torch.ones(5, dtype=torch.int32), async_op=True))
+        works[0].wait()
+
+    call("future", issue_and_wait)
     out.update(max=m.tolist(), f64=f64.tolist(), broadcast=b.tolist(), objects=objs,
-               future=work.get_future().value()[0].tolist())
+               future=works[0].get_future().value()[0].tolist())
     dist.destroy_process_group()
     queue.put((rank, "result", out))
 

@@ -3,6 +3,11 @@
 Workers (:class:`Reduction`) and a :class:`SwitchModel` exchange real packet
 bytes over links that lose, duplicate and reorder (random latency), both
 directions, on a virtual clock. No sockets, no sleeping: seeded and repeatable.
+
+By default a worker takes each datagram alone the moment it arrives. With :class:`Batching` it takes
+what the kernel would hand its loop (``_udp.drive``): it wakes a little after a datagram arrives, and
+takes what came meanwhile as one receive batch of recvmmsg messages, each a GRO run of consecutive
+datagrams of one size, laid out in a receive buffer that keeps the bytes of earlier batches.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from switchagg.window import Window
 from switchagg.wire import datagram_size
 
 IMPLEMENTATIONS = {"python": Reduction, "native": NativeReduction}
+WAKE = "wake"  # an event's source that is a worker's wake to take its inbox (Batching), not a datagram
 
 
 @dataclass
@@ -30,6 +36,18 @@ class Impairment:
     dup: float = 0.0
     latency: float = 0.001
     jitter: float = 0.0  # uniform extra latency: reordering when it exceeds the packet spacing
+
+
+@dataclass
+class Batching:
+    """How a worker's receives batch, as the kernel's: a wake lags the first datagram waiting by up to
+    ``wake`` seconds (poll's return and the scheduler), and takes at most ``messages`` messages
+    (recvmmsg's vector), each a GRO run of at most ``segments`` datagrams; each run's cap is drawn anew,
+    so batches and runs come in every size from one datagram up."""
+
+    wake: float = 0.002
+    messages: int = 4
+    segments: int = 8
 
 
 @dataclass
@@ -95,6 +113,10 @@ class Worker:
     error: Exception | None = None
     sent: int = 0
     arena: Arena = field(default_factory=Arena)  # the C stream's per-call arrays, as a client keeps them
+    inbox: list[bytes] = field(default_factory=list)  # datagrams arrived, not yet taken (with Batching)
+    waking: bool = False  # a wake is due to take them
+    buffer: bytearray = field(default_factory=bytearray)  # the receive buffer: earlier batches' bytes stay
+    batches: list[tuple[int, int]] = field(default_factory=list)  # each receive batch's (messages, datagrams)
 
 
 @dataclass
@@ -104,6 +126,7 @@ class SimNet:
     down: Impairment = field(default_factory=Impairment)  # switch -> worker
     seed: int = 0
     impl: str = "python"  # which Reduction the workers run: a key of IMPLEMENTATIONS
+    batching: Batching | None = None  # None: each datagram taken alone as it arrives
     now: float = 0.0
     workers: dict[tuple[str, int], Worker] = field(default_factory=dict)
     sent_log: list[tuple[float, tuple[str, int], bytes]] = field(default_factory=list)  # every worker packet
@@ -174,6 +197,55 @@ class SimNet:
         if isinstance(w.payloads, StagedPayloads):
             w.payloads.advance(w.red, self.now)
 
+    def _receive(self, w: Worker, addr, buf: bytes | bytearray, offsets: list[int], lengths: list[int]) -> None:
+        """One receive batch into ``w``'s reduction, then what a client's loop does after it."""
+        w.red.receive_batch(buf, np.array(offsets, np.uint32), np.array(lengths, np.uint32), self.now)
+        w.started = w.started or w.red.started
+        self._advance(w)
+        self._flush(w, addr)
+
+    def _schedule_wake(self, addr, delay: float) -> None:
+        heapq.heappush(self._events, (self.now + delay, next(self._seq), addr, None, WAKE))
+
+    def _wake(self, w: Worker, addr) -> None:
+        """Take what the kernel would hand one recvmmsg: up to ``messages`` GRO runs from the inbox, each
+        of datagrams of its first one's size (the kernel's last segment may be shorter), laid out a
+        message per stride of the receive buffer; what is left waits for the next turn, at once."""
+        b = self.batching
+        if w.red is None or w.error is not None or self._dead(w):
+            w.inbox.clear()
+            w.waking = False
+            return
+        stride = b.segments * max(map(len, w.inbox))
+        budget = len(w.inbox) if w.dead_after is None else w.dead_after - w.received  # a dying worker's last
+        runs: list[list[bytes]] = []
+        while w.inbox and budget and len(runs) < b.messages:
+            run, cap = [w.inbox.pop(0)], self.rng.randint(1, b.segments)
+            budget -= 1
+            while w.inbox and budget and len(run) < cap and len(w.inbox[0]) <= len(run[0]):
+                run.append(w.inbox.pop(0))
+                budget -= 1
+                if len(run[-1]) < len(run[0]):
+                    break
+            runs.append(run)
+        w.buffer.extend(bytes(max(0, len(runs) * stride - len(w.buffer))))
+        offsets, lengths = [], []
+        for j, run in enumerate(runs):
+            at = j * stride
+            for datagram in run:
+                w.buffer[at:at + len(datagram)] = datagram
+                offsets.append(at)
+                lengths.append(len(datagram))
+                at += len(datagram)
+        w.received += len(offsets)
+        w.batches.append((len(runs), len(offsets)))
+        w.waking = bool(w.inbox) and not self._dead(w)
+        if w.waking:
+            self._schedule_wake(addr, 0.0)
+        else:
+            w.inbox.clear()
+        self._receive(w, addr, w.buffer, offsets, lengths)
+
     def _active(self) -> list[tuple[tuple[str, int], Worker]]:
         return [(a, w) for a, w in self.workers.items()
                 if w.red is not None and not w.red.done and w.error is None and not self._dead(w)]
@@ -193,15 +265,20 @@ class SimNet:
                 if dst == "switch":
                     for emit in self.model.process(data, src):
                         self._transmit(self.down, emit.dst, emit.payload(), "switch")
+                elif src == WAKE:
+                    self._wake(self.workers[dst], dst)
                 else:
                     w = self.workers.get(dst)
                     if w is None or w.red is None or self._dead(w) or w.error is not None:
                         continue
-                    w.received += 1
-                    w.red.receive_batch(data, np.zeros(1, np.uint32), np.array([len(data)], np.uint32), self.now)
-                    w.started = w.started or w.red.started
-                    self._advance(w)
-                    self._flush(w, dst)
+                    if self.batching is None:
+                        w.received += 1
+                        self._receive(w, dst, data, [0], [len(data)])
+                        continue
+                    w.inbox.append(data)
+                    if not w.waking:
+                        w.waking = True
+                        self._schedule_wake(dst, self.rng.random() * self.batching.wake)
             else:
                 self.now = max(self.now, next_timer)
                 for a, w in self._active():

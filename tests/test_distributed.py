@@ -61,6 +61,18 @@ def test_collectives_through_the_switch_and_the_fallback(switch):
                     bound = WORLD * float(max(np.abs(x).max() for x in xs)) * 2.0 ** -22
                     assert np.abs(reduced - total).max() <= bound
                     assert np.abs(shard - total[rank * n:(rank + 1) * n]).max() <= bound
+    # The bytes went through the switch for the calls it sums (each rank sent its values whole and received
+    # its result: all of it, or its shard), and none for the calls the fallback does.
+    through = {f"{kind} {dtype} {n}": (WORLD * n, n if kind == "reduce_scatter" else WORLD * n)
+               for n in sizes for dtype in (torch.int32, torch.float32) for kind in ("all_reduce", "reduce_scatter")}
+    through.update(avg=(1000, 1000), future=(5, 5))
+    for got in out:
+        for name, (values_sent, values_received) in through.items():
+            sent, received = got["moved"][name]
+            assert sent >= 4 * values_sent and received >= 4 * values_received, (name, sent, received)
+        for name in got["moved"].keys() - through.keys():
+            assert got["moved"][name] == (0, 0), f"{name} went to the switch, not the fallback"
+        assert got["moved"].keys() - through.keys() >= {"max", "f64", "broadcast", "objects", "barrier"}
     means = inputs(torch.float32, 1000, 99)
     assert np.allclose(out[0]["avg"], sum(m.numpy() for m in means) / WORLD, rtol=0, atol=1e-5)
     for got in out:

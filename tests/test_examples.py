@@ -4,6 +4,8 @@ extra; without them their tests skip."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import re
 import socket
@@ -14,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from switchagg.config import Endpoint
+from switchagg.distributed import ENV, Options
 from switchagg.loopback import free_ports, spawn_switch
+from switchagg.switch.control_client import request
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
+WORLD = 2
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port"]
 
 
 @pytest.fixture
@@ -37,12 +43,28 @@ def run(argv: list[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
+def datagrams_served(env: dict[str, str]) -> int:
+    """What the switch has served since it started (its shards' datagrams), asked on its control port."""
+    status = request(Endpoint.parse(env["SWITCHAGG_CONTROL"], "control"), {"op": "status"})
+    return sum(shard["datagrams"] for shard in status["shards"])
+
+
 @pytest.mark.parametrize("mode", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
 def test_torchrun_script_trains_through_the_switch(env, mode):
+    """The losses fall, and the gradients went through the switch: every step, each rank sent at least a
+    datagram per K of the model's parameters (DDP's buckets, FSDP's reduce-scatters), which gloo would not."""
+    steps = 60
     (port,) = free_ports(1, socket.SOCK_STREAM)
-    out = run([*TORCHRUN, str(port), "examples/train.py", "--steps", "60", *mode], env)
+    before = datagrams_served(env)
+    out = run([*TORCHRUN, str(port), "examples/train.py", "--steps", str(steps), *mode], env)
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
     assert len(losses) == 3 and losses[-1] < losses[0], out
+    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples" / "train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    params = sum(p.numel() for p in example.net().parameters())
+    per_step = math.ceil(params / Options.from_env({ENV["switch"]: env["SWITCHAGG_SWITCH"]}).values_per_packet)
+    assert datagrams_served(env) - before >= WORLD * steps * per_step
 
 
 def test_lightning_ddp_on_cpu(env):

@@ -7,14 +7,21 @@ two ranks and K = 64, through the public API.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from switchagg import Client, QuantizationError
+from switchagg import client as client_module
+from switchagg.config import Endpoint
 from switchagg.errors import CallMismatch, ClosedError, PeerFailed
+from switchagg.window import Window
+from switchagg.wire import PacketType, unpack_header
 
 from .conftest import calls_on_ranks
 
@@ -133,34 +140,59 @@ def test_a_skipped_call_is_a_mismatch_not_a_shifted_sum(make_job):
     assert "call #1" in str(out[0][1]) and "call #0" in str(out[0][1])
 
 
-def assert_closes_promptly(client):
-    """A call starts and is left waiting; close() returns within a second and the call fails, never hangs."""
+HOUR = 3600.0  # longer than any test runs: a timer this long never ends a wait here
+
+
+@pytest.fixture
+def timers_off(monkeypatch) -> None:
+    """The client's own timers (a wait's wake, a probe's resend) an hour long: a call that ends while they
+    are ended because of close."""
+    monkeypatch.setattr(client_module, "_WAKE", HOUR)
+    monkeypatch.setattr(client_module, "_PROBE_EVERY", HOUR)
+
+
+def assert_closes_promptly(client: Client, waiting: Callable[[], None]) -> None:
+    """A call starts; once ``waiting`` returns (a sign from outside that the call waits), close() returns
+    and the call fails because the client closed while it ran. Every timer of the call is an hour long,
+    so a close that waits for one hangs, and fails here."""
     future = client.allreduce_async(np.ones(10, np.float32))
-    time.sleep(0.3)  # let the call reach its wait
-    t = time.monotonic()
-    client.close()
-    assert time.monotonic() - t < 1.0
-    with pytest.raises(ClosedError):
-        future.result(timeout=1)
+    waiting()
+    closer = threading.Thread(target=client.close, daemon=True)  # a close that hangs fails the test, not the run
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive(), "close() did not end the call waiting"
+    with pytest.raises(ClosedError, match="closed during this call"):
+        future.result(timeout=0)
 
 
-def test_close_returns_promptly_during_the_start_up_probe(make_job):
-    """No switch answers this job: close() (what Ctrl-C inside ``with Client(...)`` runs) returns within a
-    second, and the call in progress fails instead of hanging."""
+def test_close_returns_promptly_during_the_start_up_probe(timers_off, make_job):
+    """No switch answers this job (its address is a socket that only listens): once the listener has
+    the call's probe, close() (what Ctrl-C inside ``with Client(...)`` runs) ends the call and returns."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(60)
+        silent = replace(make_job(2, k=64), switch=Endpoint(*listener.getsockname()))
+
+        def waiting() -> None:
+            assert unpack_header(listener.recv(2048)).type == PacketType.PROBE
+
+        assert_closes_promptly(Client(silent, 0, start_timeout=HOUR), waiting)
+
+
+def test_close_returns_promptly_during_a_call_waiting_for_a_peer(timers_off, make_job, soft_switch):
+    """Rank 1 never comes: rank 0's first call waits for it in the join's first sum (in the C loop, with
+    its round-trip timeout an hour long) once the switch has counted rank 0's part, until close() ends it."""
     cfg = make_job(2, k=64)
-    dead = cfg.__class__(**{**cfg.__dict__, "job_id": cfg.job_id + 1})  # a job the switch does not have
-    assert_closes_promptly(Client(dead, 0, start_timeout=60))
+    client = Client(cfg, 0, start_timeout=HOUR, stall_timeout=HOUR)
+    client.window = Window(cfg.slot_count, min_rto=HOUR, initial_rto=HOUR, max_rto=HOUR)
 
+    def waiting() -> None:  # the switch counted rank 0's contribution: it waits for rank 1's
+        deadline = time.monotonic() + 60
+        while not soft_switch.counters()["jobs"][cfg.job_id]["contributions"]:
+            assert time.monotonic() < deadline, "rank 0's contribution never reached the switch"
+            time.sleep(0.01)
 
-def test_close_returns_promptly_during_a_call_waiting_for_a_peer(make_job):
-    cfg = make_job(2, k=64)
-    with Client(cfg, 1, start_timeout=30) as peer:  # joined, then never calls
-        joined = threading.Thread(target=peer.join)
-        joined.start()
-        client = Client(cfg, 0, start_timeout=30)
-        client.join()
-        joined.join()
-        assert_closes_promptly(client)
+    assert_closes_promptly(client, waiting)
 
 
 def test_no_future_is_left_unresolved_when_submit_races_close(make_job):

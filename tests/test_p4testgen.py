@@ -27,6 +27,8 @@ MIN_COMPARED = 120  # first passes
 MIN_OUTPUTS = 25
 MIN_SECOND = 80
 MIN_SECOND_OUTPUTS = 20
+MIN_COVERAGE = 0.95  # statement coverage: 666/695 (95.8%) on each chip (docs/tofino.md)
+WRITE, ADD, READ = 1, 2, 3  # the decision's ops (p4/tna/aggregation.p4: SA_OP_*), as the trace computes md.second_op
 
 
 @pytest.fixture(scope="session", params=[Chip.TOFINO, Chip.TOFINO2], ids=lambda c: c.value[0])
@@ -71,18 +73,32 @@ def test_the_paths_cover_the_second_pass(report):
     ops, outcomes = set(), set()
     for name in report.second_pass:
         trace = tests[name].trace
-        ops.add(int(re.findall(r"Computed: md\.second_op = (\d+);", trace)[-1]))  # the decision (else NONE)
+        ops.add(decision(trace))
         outcomes.add(tuple(event for _, _, event in tg.counted(trace)))
     assert ops == {0, 1, 2, 3}, ops  # SA_OP_NONE (stale), SA_OP_WRITE, SA_OP_ADD, SA_OP_READ
     events = (JobCounter.RESULTS_MULTICAST, JobCounter.RESULTS_UNICAST, JobCounter.DUPLICATE_PENDING, JobCounter.STALE)
     assert {(e,) for e in events} | {()} == outcomes, outcomes
 
 
+def decision(trace: str) -> int:
+    """The op the pass's decision took for its half of the values (the last md.second_op computed; the parser's
+    first is NONE, 0)."""
+    return int(re.findall(r"Computed: md\.second_op = (\d+);", trace)[-1])
+
+
+def test_statement_coverage_is_held(report):
+    covered = re.match(r"(\d+)/(\d+) ", report.generated.coverage)
+    assert covered, f"P4Testgen reported no statement coverage: {report.generated.coverage}"
+    assert int(covered[1]) >= MIN_COVERAGE * int(covered[2]), report.summary()
+
+
 def test_a_wrong_expectation_is_caught(report):
     """The comparison is not vacuous: a model that got one header field, a value of a sum, a multicast group,
-    a counter or a byte of the packet out wrong disagrees with P4Testgen."""
+    a counter or a byte of the packet out wrong disagrees with P4Testgen. The value broken is one the pass
+    computed (the first pass's half of the values, or the second's), written, summed or read, on both passes."""
     tests = {t.name: t for t in tg.parse_ptf(report.generated.ptf)}
     caught = {"field": 0, "value": 0, "group": 0, "counter": 0, "payload": 0}
+    values_caught = set()  # (second pass?, the op that computed the value broken)
     for name in report.compared:
         test = tests[name]
         setup = tg.translate(test, report.chip)
@@ -93,10 +109,13 @@ def test_a_wrong_expectation_is_caught(report):
             problems, _ = tg.compare(test, dataclasses.replace(expect, emits=emits))
             caught["field"] += bool(problems)
         if expect.emits and "v31" in expect.emits[-1]:
+            second = name in report.second_pass
             emits = [dict(h) for h in expect.emits]
-            emits[-1]["v31"] ^= 1 << 31  # the last value the packet carries on
+            emits[-1 if second else -2]["v31"] ^= 1 << 31  # this pass's half (the other's it carries unchanged)
             problems, _ = tg.compare(test, dataclasses.replace(expect, emits=emits))
             caught["value"] += bool(problems)
+            if problems:
+                values_caught.add((second, decision(test.trace)))
         if expect.group is not None:
             problems, _ = tg.compare(test, dataclasses.replace(expect, group=expect.group + 1))
             caught["group"] += bool(problems)
@@ -111,3 +130,4 @@ def test_a_wrong_expectation_is_caught(report):
     assert caught["field"] >= MIN_OUTPUTS + MIN_SECOND_OUTPUTS and caught["counter"] >= MIN_COMPARED // 2, caught
     assert caught["payload"] >= MIN_OUTPUTS + MIN_SECOND_OUTPUTS and caught["value"] >= MIN_SECOND_OUTPUTS, caught
     assert caught["group"] >= 2, caught  # the second pass's multicasts
+    assert {(second, op) for second in (False, True) for op in (WRITE, ADD, READ)} <= values_caught, values_caught

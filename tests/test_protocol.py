@@ -19,7 +19,23 @@ from switchagg.switch.model import SwitchModel
 from switchagg.window import MIN_PROBE, MIN_RESEND, TAIL_RTTS, Window, WindowState
 from switchagg.wire import PacketType, unpack_header
 
-from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, reduce_all
+from .simnet import IMPLEMENTATIONS, Batching, Impairment, Job, SimNet, Worker, reduce_all
+
+# How the workers receive in the tests that hold the twins to each other: each datagram alone as it
+# arrives, and in the batches the kernel hands a client's loop (recvmmsg's messages, GRO runs), where a
+# receive batch's datagrams meet each other in receive_batch (the window learns once a batch).
+BATCHING = {"alone": None, "batched": Batching(wake=0.005, messages=4, segments=8)}
+
+
+def assert_batched(workers: Collection[Worker], batching: str) -> None:
+    """Batched receives met what they are there for: batches of several datagrams, some several messages
+    and some one message of a GRO run of several."""
+    batches = [b for w in workers for b in w.batches]
+    if BATCHING[batching] is None:
+        assert not batches
+        return
+    assert any(messages > 1 for messages, _ in batches)
+    assert any(messages == 1 and datagrams > 1 for messages, datagrams in batches)
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -117,7 +133,8 @@ def test_dead_peer_gives_stall_error_fast_naming_chunks(impl):
     assert net.now < 10.0
 
 
-def test_both_implementations_leave_the_window_alike_when_a_call_stalls():
+@pytest.mark.parametrize("batching", sorted(BATCHING))
+def test_both_implementations_leave_the_window_alike_when_a_call_stalls(batching):
     """A stalled call ends in an error, and the C stream hands the window back then, as learned by then
     (round trips, losses, the backed-off RTO): the next call of either implementation starts from it."""
     runs = {}
@@ -125,13 +142,14 @@ def test_both_implementations_leave_the_window_alike_when_a_call_stalls():
         job = Job(n=3, slots=4, k=8)
         model = SwitchModel(16)
         model.add_job(job.entry())
-        net = SimNet(model, Impairment(loss=0.05), seed=3, impl=impl)
+        net = SimNet(model, Impairment(loss=0.05), seed=3, impl=impl, batching=BATCHING[batching])
         ws = [net.add_worker(job, r, started=True) for r in range(3)]
         ws[2].dead_after = 40
         for w, x in zip(ws, data(3, 400), strict=True):
             net.start(w, x, progress_timeout=2.0)
         net.run()
         assert all(isinstance(w.error, StallError) for w in ws[:2])
+        assert_batched(ws, batching)
         runs[impl] = [(w.window.state(), str(w.error), w.red.pending()) for w in ws[:2]]
     assert runs["python"] == runs["native"]
     assert all(state.srtt is not None and state.losses > 0 for state, _, _ in runs["native"])
@@ -388,7 +406,7 @@ def test_the_probe_waits_on_the_paths_round_trip_not_on_results_that_waited_for_
     assert slow.probe_timeout == pytest.approx(0.04)
 
 
-def _small_calls(impl: str, seed: int, loss: float) -> tuple[list[float], list]:
+def _small_calls(impl: str, seed: int, loss: float, batching: str = "alone") -> tuple[list[float], list]:
     """7 workers (query) do a sequence of small calls, int32 and float32, after a first call that the
     ranks reach 0.1 s apart (as processes start), so that it teaches no round trip (Karn): each
     call's virtual time, and every packet sent."""
@@ -396,7 +414,7 @@ def _small_calls(impl: str, seed: int, loss: float) -> tuple[list[float], list]:
     model = SwitchModel(16)
     model.add_job(job.entry())
     up, down = Impairment(loss=loss, dup=loss / 5, latency=0.0005), Impairment(loss=loss, latency=0.0005)
-    net = SimNet(model, up, down, seed=seed, impl=impl)
+    net = SimNet(model, up, down, seed=seed, impl=impl, batching=BATCHING[batching])
     ws = [net.add_worker(job, r) for r in range(job.n)]
     rng = np.random.default_rng(seed)
     times = []
@@ -412,6 +430,7 @@ def _small_calls(impl: str, seed: int, loss: float) -> tuple[list[float], list]:
         assert all(w.error is None and w.red.done for w in ws)
         if i:
             times.append(net.now - start)
+    assert_batched(ws, batching)
     return times, net.sent_log
 
 
@@ -427,10 +446,11 @@ def test_small_calls_under_loss_cost_a_few_probes_not_learned_peer_waits(seed, i
     assert max(excess) < 15 * MIN_PROBE, [round(e, 3) for e in excess]
 
 
-def test_both_implementations_time_small_calls_after_a_start_that_taught_nothing_alike():
+@pytest.mark.parametrize("batching", sorted(BATCHING))
+def test_both_implementations_time_small_calls_after_a_start_that_taught_nothing_alike(batching):
     """The C stream's probe falls back on the shortest round trip as Python's does, and on nothing
     before any: the same packets at the same times."""
-    assert _small_calls("python", 7, 0.05) == _small_calls("native", 7, 0.05)
+    assert _small_calls("python", 7, 0.05, batching) == _small_calls("native", 7, 0.05, batching)
 
 
 def test_the_c_stream_has_the_windows_fields_and_the_protocols_constants():
@@ -825,14 +845,16 @@ SEQUENCES = {
 }
 
 
+@pytest.mark.parametrize("batching", sorted(BATCHING))
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
 @pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("seed", range(3))
-def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype, ask_first, sequence):
+def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype, ask_first, sequence, batching):
     """The C state machine is the Python one: under loss, duplication and reordering both ways,
     over calls of several sizes and both collectives (windows and timers carried over), every packet
-    is the same, and so is every shard."""
+    is the same, and so is every shard; with each datagram taken alone, and in the kernel's batches,
+    identical for both (a receive batch is taken whole: its datagrams meet in receive_batch)."""
     job = Job(n=3, slots=5, k=8, ask_first=ask_first)
     bad = Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006)
     sizes = SEQUENCES[sequence]
@@ -843,7 +865,7 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
     for impl in IMPLEMENTATIONS:
         model = SwitchModel(16)
         model.add_job(job.entry())
-        net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl)
+        net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl, batching=BATCHING[batching])
         ws = [net.add_worker(job, r) for r in range(3)]
         outs, windows, resent, asked = [], [], 0, 0
         for call, collective in xs:
@@ -855,6 +877,7 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
             windows.append([w.window.state() for w in ws])  # as the C stream handed it back at the call's end
             resent += sum(w.red.retransmissions for w in ws)
             asked += sum(w.red.queries for w in ws)
+        assert_batched(ws, batching)
         runs[impl] = (net.sent_log, outs, windows, resent, asked, net.now)
     python, native = runs["python"], runs["native"]
     assert python[0] == native[0]  # (time, sender, bytes) of every packet sent

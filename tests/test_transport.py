@@ -418,3 +418,26 @@ def test_drive_returns_after_wake_when_nothing_comes_and_raises_what_the_stream_
             assert sock.stats.sent == 15  # what moved before it raised is counted
         with UdpSocket(("127.0.0.1", 0)) as unconnected, pytest.raises(ValueError, match="connected socket"):
             unconnected.drive(EchoedStream(1), 1.0)
+
+
+@pytest.mark.skipif(not BATCHED_AVAILABLE, reason="drive is the batched backend's (Linux)")
+def test_interrupt_ends_a_drive_and_every_later_wait_at_once():
+    """A drive whose stream's timers and wake are an hour off waits on a peer that never answers; once the
+    peer has its packet (the drive waits), interrupt() ends the drive (False: the caller looks), and every
+    wait after it returns at once. Without the interrupt the drive would run out its hour."""
+    import socket
+
+    hour = 3600.0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+        peer.bind(("127.0.0.1", 0))
+        peer.settimeout(60)
+        with UdpSocket(("127.0.0.1", 0), peer=peer.getsockname(), max_datagram=280) as sock:
+            returned: list[bool] = []
+            driving = threading.Thread(target=lambda: returned.append(sock.drive(EchoedStream(1, wait=hour), hour)),
+                                       daemon=True)
+            driving.start()
+            peer.recv(2048)
+            sock.interrupt()
+            driving.join(60)
+            assert not driving.is_alive() and returned == [False]
+            assert sock.wait(hour) and sock.recv_packets(hour) == 0  # at once: nothing came, the socket is shut

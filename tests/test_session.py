@@ -1,0 +1,163 @@
+"""The join handshake (:mod:`switchagg.session`) where earlier runs left state under its tags.
+
+Each rank's :class:`~switchagg.session.Join` runs its phases as the client does (``Client._exchange``: a
+one-chunk int32 :class:`~switchagg.protocol.Reduction` on slot 0, no call round) against the switch's
+reference model, which keeps every copy an earlier run left, finished or half-filled, as a switch that
+was never reset does. A run that meets such a copy must refuse the rung on every rank and climb, and must
+never take a session generation an earlier run took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from switchagg.payloads import Int32Payloads
+from switchagg.protocol import Reduction
+from switchagg.session import Join
+from switchagg.switch.model import SwitchModel
+from switchagg.window import Window
+from switchagg.wire import PacketType, datagram_size, unpack_header
+
+from .simnet import Job
+
+JOB = Job(n=3, slots=4, k=8, generation=7)
+
+
+def run_phase(model: SwitchModel, joins: dict[int, Join], ranks: list[int]) -> dict[int, bytes]:
+    """Send the current phase of ``ranks``' joins through ``model``, lossless, as ``Client._exchange``
+    does; returns the sum of each rank whose sum came back (none, where a rank's peers never sent)."""
+    reds, outs = {}, {}
+    for rank in ranks:
+        phase = joins[rank].phase
+        copies = np.zeros(JOB.slots, np.int64)
+        copies[0] = phase.copy
+        flat = phase.values.astype(np.int32)
+        outs[rank] = np.empty_like(flat)
+        reds[rank] = Reduction(replace(JOB.params(rank), generation=phase.generation), Window(JOB.slots),
+                               Int32Payloads(flat, outs[rank], JOB.k), n_chunks=1, first_id=0, copies=copies,
+                               now=0.0, progress_timeout=5.0)
+    rows, lengths = np.empty((4, datagram_size(JOB.k)), np.uint8), np.zeros(4, np.uint32)
+    for rank, red in reds.items():
+        while n := red.emit(rows, lengths):
+            for row, length in zip(rows[:n], lengths[:n].tolist(), strict=True):
+                for emit in model.process(row[:length].tobytes(), JOB.address(rank)):
+                    data = emit.payload()
+                    assert unpack_header(data).type == PacketType.RESULT
+                    to = next(r for r in reds if JOB.address(r) == emit.dst)
+                    reds[to].receive_batch(data, np.zeros(1, np.uint32), np.array([len(data)], np.uint32), 0.0)
+    return {rank: outs[rank].astype(">i4").tobytes() for rank, red in reds.items() if red.done}
+
+
+def exchange(model: SwitchModel, joins: dict[int, Join]) -> dict[int, bytes]:
+    """Every rank's current phase, and each rank takes the sum it got (:meth:`Join.take`); returns the sums."""
+    sums = run_phase(model, joins, sorted(joins))
+    assert sorted(sums) == sorted(joins), "a phase's sum did not come back to every rank"
+    for rank, join in joins.items():
+        join.take(sums[rank])
+    return sums
+
+
+def model_with_job() -> SwitchModel:
+    model = SwitchModel(16)
+    model.add_job(JOB.entry())
+    return model
+
+
+def start() -> dict[int, Join]:
+    """A run's ranks, each at its first rung (under the installed generation, which a probe tells)."""
+    return {r: Join(JOB.generation, r, JOB.n, JOB.k) for r in range(JOB.n)}
+
+
+def join_all(model: SwitchModel, joins: dict[int, Join]) -> int:
+    """Climb until the ranks agree; returns the session every rank took."""
+    while any(j.session is None for j in joins.values()):
+        exchange(model, joins)
+    sessions = {j.session for j in joins.values()}
+    assert len(sessions) == 1, f"the ranks took different sessions: {sessions}"
+    return sessions.pop()
+
+
+def test_a_run_on_a_fresh_switch_joins_at_the_first_rung():
+    model = model_with_job()
+    joins = start()
+    session = join_all(model, joins)
+    assert {j.rungs for j in joins.values()} == {0}
+    assert session not in (0, JOB.generation)
+
+
+def test_a_rung_where_an_earlier_run_stopped_after_its_nonces_is_refused_on_every_rank():
+    """The earlier run died between its two phases: its finished nonce sum sits under the first rung's
+    tag and is served to the new run as a repeat, so no rank finds its own nonce, every rank says no in
+    the verdict (fresh: the earlier run never got there) and every rank refuses the rung and climbs."""
+    model = model_with_job()
+    earlier = start()
+    earlier_nonces = exchange(model, earlier)
+    joins = start()
+    nonces = exchange(model, joins)
+    assert nonces == earlier_nonces  # the earlier run's sum, not this run's
+    verdicts = exchange(model, joins)
+    flags = {np.frombuffer(v, ">u4")[0:2 * JOB.n:2].tolist() == [0] * JOB.n for v in verdicts.values()}
+    assert flags == {True}  # every rank said its nonce did not come back
+    assert {j.rungs for j in joins.values()} == {1} and all(j.session is None for j in joins.values())
+    session = join_all(model, joins)
+    assert {j.rungs for j in joins.values()} == {1}
+    assert session not in (0, JOB.generation, earlier[0].phase.generation)
+
+
+def test_a_verdict_an_earlier_run_left_is_never_taken():
+    """The earlier run finished its handshake (every rank said yes) and stopped before any call replaced
+    slot 0's copies: the new run is served the earlier nonce sum, so its verdict runs under the earlier
+    verdict's tag and is served that verdict as a repeat, flags all yes but none of this run's words.
+    No rank takes it (the earlier run's session would be this run's too); every rank climbs, and they
+    agree on a session of their own."""
+    model = model_with_job()
+    earlier = start()
+    earlier_session = join_all(model, earlier)
+    joins = start()
+    exchange(model, joins)
+    stale = exchange(model, joins)
+    for verdict in stale.values():
+        assert np.frombuffer(verdict, ">u4")[0:2 * JOB.n:2].tolist() == [1] * JOB.n  # a yes from every rank
+    assert all(j.session is None for j in joins.values()) and {j.rungs for j in joins.values()} == {1}
+    session = join_all(model, joins)
+    assert session != earlier_session
+
+
+def test_a_verdict_half_filled_by_a_run_that_died_inside_it_is_refused_by_the_ranks_it_lacks():
+    """The earlier run died inside its verdict: one rank's verdict was counted, the others' never sent.
+    The new run's nonces are served the earlier nonce sum, and its verdict completes the half-filled
+    copy: the earlier rank's words stand where the new rank 0's should, so rank 0 cannot find its own,
+    and every rank (the others' words came back, and every flag says no) refuses alike."""
+    model = model_with_job()
+    earlier = start()
+    exchange(model, earlier)
+    assert run_phase(model, earlier, [0]) == {}  # counted, and waiting for the others
+    joins = start()
+    exchange(model, joins)
+    own = {r: np.asarray(j.phase.values).astype(">i4").tobytes()[8 * r:8 * r + 8] for r, j in joins.items()}
+    verdicts = exchange(model, joins)
+    assert [verdicts[r][8 * r:8 * r + 8] == own[r] for r in range(JOB.n)] == [False] + [True] * (JOB.n - 1)
+    assert {j.rungs for j in joins.values()} == {1}
+    join_all(model, joins)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 42: a rank served an earlier run's sums climbs alone and its next "
+                   "phase replaces the copy a slower peer still needs; the peers then replace it in turn (livelock)")
+def test_a_rank_that_climbs_ahead_of_its_peers_through_an_earlier_runs_sums_does_not_strand_them():
+    """An earlier run finished its handshake and stopped. The new run's rank 0 comes first: the switch
+    serves it the earlier sums at once (repeats, no peer needed), so it refuses the rung and sends its
+    next rung's nonces to slot 0's copy 0 before rank 1 has sent its first. Rank 1's first nonces must
+    still reach a sum, and both ranks a session (a restart whose ranks start apart, as processes do)."""
+    model = model_with_job()
+    earlier = start()
+    join_all(model, earlier)
+    joins = start()
+    first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
+    for _ in range(2):  # rank 0 alone: the earlier nonces and verdict, served as repeats
+        first[0].take(run_phase(model, first, [0])[0])
+    assert first[0].rungs == 1
+    assert run_phase(model, first, [0]) == {}  # its next rung's nonces: counted, waiting for its peers
+    assert sorted(run_phase(model, rest, sorted(rest))) == sorted(rest)  # the others' first nonces come back
