@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroupGloo
 
-from ..torch_futures import failed_future, torch_future
+from ..torch_futures import FutureWork, failed_future, torch_future
 from .options import Options
 from .rendezvous import Formed, finish, form
 
@@ -146,8 +146,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
         try:
             done = start()
         except BaseException as exc:  # noqa: BLE001 - e.g. a closed client: wait() raises it
-            return _create_work_from_future(failed_future(exc, tensor.device))
-        return _create_work_from_future(torch_future(done, tensor.device, value))
+            return FutureWork(failed_future(exc, tensor.device))
+        return FutureWork(torch_future(done, tensor.device, value))
 
     def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         """All-gather as an int32 sum: each rank's bytes in its own words, zeros in everyone else's."""
