@@ -16,7 +16,20 @@ import torch.distributed as dist
 
 from tests.dist_worker import _init
 
+OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT", "BAND", "BOR", "BXOR")
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.bool, torch.complex64)
 N = 700  # more than one packet's values (K = 64) on every rank: several chunks, a ragged last one
+
+
+def values(rank: int, dtype: torch.dtype, n: int = N) -> torch.Tensor:
+    """Rank ``rank``'s input: mixed signs, odd sums (so truncation and flooring differ), sums that
+    wrap around 8-bit types, exact in every floating type."""
+    g = torch.Generator().manual_seed(41 + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    low, high = (0, 256) if dtype == torch.uint8 else (-128, 128) if dtype == torch.int8 else (-1000, 1000)
+    return torch.randint(low, high, (n,), generator=g).to(dtype)
 
 
 def _outcome(call: Callable[[], Any]) -> Any:
@@ -26,11 +39,37 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _sent(backend: str) -> Callable[[], int]:
+    if backend != "switchagg":
+        return lambda: 0
+    return lambda: dist.group.WORLD.client.transport_stats.bytes_sent
+
+
+def all_reduce_ops(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str) -> None:
+    """``all_reduce`` of every op on every dtype, issued async and waited on (as DDP and Lightning do)."""
+    _init(rank, world, env, port, backend)
+    sent = _sent(backend)
+    out: dict[tuple[str, str], Any] = {}
+    for op in OPS:
+        for dtype in DTYPES:
+            x = values(rank, dtype)
+            before = sent()
+
+            def call(x: torch.Tensor = x, op: str = op) -> torch.Tensor:
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op), async_op=True).wait()
+                return x.dtype, x.tolist()  # a tensor's storage would go by file descriptor, gone with this process
+
+            out[op, str(dtype)] = (_outcome(call), sent() - before)
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))
+
+
 def closed_client(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str) -> None:
     """All-reduces through the switch after this rank's client was closed: each must raise, not pass."""
     _init(rank, world, env, port, backend)
     dist.group.WORLD.client.close()
     out = {"sync": _outcome(lambda: dist.all_reduce(torch.ones(N))),
-           "async": _outcome(lambda: dist.all_reduce(torch.ones(N), async_op=True).wait())}
+           "async": _outcome(lambda: dist.all_reduce(torch.ones(N), async_op=True).wait()),
+           "int AVG": _outcome(lambda: dist.all_reduce(torch.ones(N, dtype=torch.int32), op=dist.ReduceOp.AVG))}
     dist.destroy_process_group()
     queue.put((rank, "result", out))

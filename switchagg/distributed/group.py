@@ -7,8 +7,9 @@ group itself (gloo for CPU tensors, NCCL for CUDA ones where there is a GPU), bu
 store, so that any torch program runs unchanged. What goes where:
 
 * ``all_reduce`` with SUM or AVG of float32, float16, bfloat16 (through the codec, within its
-  bound) or int32 (SUM, exact): the switch. Other ops, dtypes (float64 keeps its precision on the
-  fallback) and non-contiguous tensors: the fallback.
+  bound) or int32 (exact): the switch. Other ops, dtypes (float64 keeps its precision on the
+  fallback) and non-contiguous tensors: the fallback. AVG of integers is NCCL's: the sum (the
+  switch's for int32, the fallback's for the others), then division truncating toward zero.
 * ``reduce_scatter_tensor`` on the same terms: the switch, and each rank receives only its shard's
   sums (``docs/protocol.md``, section 4b); on Tofino, whose program lacks that yet, the fallback.
 * ``all_gather_into_tensor``: the fallback unless ``Options.all_gather == "switch"`` (which sums
@@ -35,6 +36,7 @@ from .options import Options
 from .rendezvous import Formed, finish, form
 
 _CARRIED = {torch.float32, torch.float16, torch.bfloat16, torch.int32}
+_INTEGERS = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}  # AVG: a sum, then C's division
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
 # Targets whose program has no owner-only delivery yet (docs/tofino.md): their reduce-scatters go to the fallback
 _NO_OWNER_DELIVERY = ("tofino", "tofino2")
@@ -70,6 +72,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = _allreduce_options(opts)
+        if _op(opts.reduceOp) == dist.ReduceOp.AVG and {t.dtype for t in tensors} <= _INTEGERS:
+            return self._average_integers(tensors, opts)
         op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 else None  # one tensor a call
         if op is None:
             return self._fallback(tensors[0]).allreduce(tensors, opts)
@@ -149,6 +153,27 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             return FutureWork(failed_future(exc, tensor.device))
         return FutureWork(torch_future(done, tensor.device, value))
 
+    def _average_integers(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        """Integer AVG as NCCL does it: the exact (wrapping) sum, then C's division, which truncates
+        toward zero. gloo refuses it ("result type Float can't be cast"), yet Lightning's
+        ``self.log(..., sync_dist=True)`` sends it for int64 to any backend not named "gloo"."""
+        total = dist.AllreduceOptions()
+        total.reduceOp, total.timeout = dist.ReduceOp.SUM, opts.timeout
+        n, averaged = self.size(), torch.futures.Future()
+
+        def divide(summed: torch.futures.Future) -> None:
+            try:
+                summed.value()  # the sum's own error, as the caller would have it from the sum
+                for t in tensors:
+                    t.div_(n, rounding_mode="trunc")
+            except Exception as exc:  # noqa: BLE001 - wait() raises it
+                averaged.set_exception(exc)
+                return
+            averaged.set_result(tensors)
+
+        self.allreduce(tensors, total).get_future().add_done_callback(divide)
+        return FutureWork(averaged)
+
     def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         """All-gather as an int32 sum: each rank's bytes in its own words, zeros in everyone else's."""
         n, rank, nbytes = self.size(), self.rank(), input.numel() * input.element_size()
@@ -180,9 +205,14 @@ def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
     return out
 
 
+def _op(reduce_op: Any) -> Any:
+    """The RedOpType of a ReduceOp object (as C++ passes it) or of a RedOpType."""
+    return getattr(reduce_op, "op", reduce_op)
+
+
 def _switch_op(reduce_op: Any, tensors: list[torch.Tensor]) -> str | None:
     """The switch's op for this call ("sum", "mean"), or None where the fallback must do it."""
-    op = _OPS.get(getattr(reduce_op, "op", reduce_op))  # a ReduceOp object (from C++) or its RedOpType
+    op = _OPS.get(_op(reduce_op))
     if op is None or not _dense(*tensors):
         return None
     dtypes = {t.dtype for t in tensors}
