@@ -9,6 +9,7 @@ and puts what each call gave on ``queue``: the tensor (as its dtype and list), o
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -71,5 +72,22 @@ def closed_client(rank: int, queue: Any, world: int, env: dict[str, str], port: 
     out = {"sync": _outcome(lambda: dist.all_reduce(torch.ones(N))),
            "async": _outcome(lambda: dist.all_reduce(torch.ones(N), async_op=True).wait()),
            "int AVG": _outcome(lambda: dist.all_reduce(torch.ones(N, dtype=torch.int32), op=dist.ReduceOp.AVG))}
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))
+
+
+def monitored_barrier(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str) -> None:
+    """torch's ``dist.monitored_barrier`` refuses the group; the group's own (gloo's) passes when all
+    arrive, and names the rank that does not: the last, which waits on the store instead (a gloo
+    group that timed out is closed, so that comes last)."""
+    _init(rank, world, env, port, backend)
+    pg, store = dist.group.WORLD, dist.distributed_c10d._get_default_store()
+    out = {"torch's": _outcome(lambda: dist.monitored_barrier(timeout=timedelta(seconds=30))),
+           "all": _outcome(lambda: pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True))}
+    if rank == world - 1:
+        store.wait(["missed"])
+    else:
+        out["missing"] = _outcome(lambda: pg.monitored_barrier(timedelta(seconds=2), wait_all_ranks=True))
+        store.set("missed", "")
     dist.destroy_process_group()
     queue.put((rank, "result", out))

@@ -78,3 +78,15 @@ def test_a_call_that_fails_raises_from_wait(switch):
         assert set(got) == {"sync", "async", "int AVG"}
         for how, outcome in got.items():
             assert isinstance(outcome, str) and "closed" in outcome, (how, outcome)
+
+
+def test_monitored_barrier_is_the_group_s_own_not_torch_s(switch):
+    """``dist.monitored_barrier`` refuses any backend not named gloo (torch's check, before any call);
+    the group's own ``monitored_barrier``, its gloo backend's, names the rank that did not arrive,
+    and passes when all do (the README's advice)."""
+    _, env = switch
+    first, last = test_distributed.spawn(ops_worker.monitored_barrier, env, "switchagg")
+    for got in (first, last):
+        assert got["torch's"] == "ValueError: monitored_barrier is only implemented for GLOO backend."
+        assert got["all"] is None, got["all"]
+    assert "Ranks 1 failed to pass monitoredBarrier" in first["missing"], first["missing"]
