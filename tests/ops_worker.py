@@ -91,3 +91,50 @@ def monitored_barrier(rank: int, queue: Any, world: int, env: dict[str, str], po
         store.set("missed", "")
     dist.destroy_process_group()
     queue.put((rank, "result", out))
+
+
+def switch_calls(rank: int, queue: Any, world: int, env: dict[str, str], port: int, backend: str) -> None:
+    """The calls torch's suite sends nowhere near the switch on CPU: reduce_scatter_tensor and
+    all_gather_into_tensor of each type, coalesced all-reduces (both of torch's ways)."""
+    _init(rank, world, env, port, backend)
+    sent = _sent(backend)
+    out: dict[str, Any] = {}
+
+    def record(name: str, call: Callable[[], list[torch.Tensor]]) -> None:
+        before = sent()
+        got = _outcome(call)
+        out[name] = (got if isinstance(got, str) else [(t.dtype, t.tolist()) for t in got], sent() - before)
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        for op in ("SUM", "AVG"):
+            def scatter(dtype: torch.dtype = dtype, op: str = op) -> list[torch.Tensor]:
+                shard = torch.empty(N, dtype=dtype)
+                dist.reduce_scatter_tensor(shard, values(rank, dtype, N * world), op=getattr(dist.ReduceOp, op))
+                return [shard]
+
+            record(f"reduce_scatter_tensor {op} {dtype}", scatter)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8):
+        def gather(dtype: torch.dtype = dtype) -> list[torch.Tensor]:
+            whole = torch.empty(N * world, dtype=dtype)
+            dist.all_gather_into_tensor(whole, values(rank, dtype))
+            return [whole]
+
+        record(f"all_gather_into_tensor {dtype}", gather)
+    for dtype in (torch.float32, torch.bfloat16):
+        for op in ("SUM", "AVG"):
+            def manager(dtype: torch.dtype = dtype, op: str = op) -> list[torch.Tensor]:
+                xs = [values(rank, dtype, n) for n in (N, 3, 2 * N)]
+                with dist._coalescing_manager():
+                    for x in xs:
+                        dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                return xs
+
+            def coalesced(dtype: torch.dtype = dtype, op: str = op) -> list[torch.Tensor]:
+                xs = [values(rank, dtype, n) for n in (N, 3, 2 * N)]
+                dist.all_reduce_coalesced(xs, op=getattr(dist.ReduceOp, op))
+                return xs
+
+            record(f"_coalescing_manager {op} {dtype}", manager)
+            record(f"all_reduce_coalesced {op} {dtype}", coalesced)
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))

@@ -10,6 +10,8 @@ store, so that any torch program runs unchanged. What goes where:
   bound) or int32 (exact): the switch. Other ops, dtypes (float64 keeps its precision on the
   fallback) and non-contiguous tensors: the fallback. AVG of integers is NCCL's: the sum (the
   switch's for int32, the fallback's for the others), then division truncating toward zero.
+* ``all_reduce_coalesced`` (and a ``_coalescing_manager`` block's all-reduces) on the same terms,
+  the tensors flattened into one call.
 * ``reduce_scatter_tensor`` on the same terms: the switch, and each rank receives only its shard's
   sums (``docs/protocol.md``, section 4b); on Tofino, whose program lacks that yet, the fallback.
 * ``all_gather_into_tensor``: the fallback unless ``Options.all_gather == "switch"`` (which sums
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..torch_futures import FutureWork, failed_future, torch_future
 from .options import Options
@@ -90,6 +93,22 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch's C++ side calls it by
 
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Several tensors as one call through the switch (``_coalescing_manager``, ``all_reduce_coalesced``),
+        where they share a dtype the switch sums; else the fallback's."""
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op = _switch_op(opts.reduceOp, tensors)
+        if op is None:
+            return self._fallback(tensors[0]).allreduce_coalesced(tensors, opts)
+        flat = _flatten_dense_tensors(tensors)
+
+        def place(_: Any) -> list[torch.Tensor]:
+            for t, summed in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
+                t.copy_(summed)
+            return tensors
+
+        return self._work(flat, lambda: self.client.allreduce_async(flat, op=op, out=flat), place)
+
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.AllgatherOptions()
         if (self.options.all_gather != "switch" or output.dtype != input.dtype or not _dense(output, input)
@@ -117,8 +136,6 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._fallback(inputs[0]).allgather(outputs, inputs, opts or dist.AllgatherOptions())
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._fallback(tensors[0]).allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> Any:
