@@ -105,7 +105,7 @@ def switch_calls(rank: int, queue: Any, world: int, env: dict[str, str], port: i
         got = _outcome(call)
         out[name] = (got if isinstance(got, str) else [(t.dtype, t.tolist()) for t in got], sent() - before)
 
-    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64):
         for op in ("SUM", "AVG"):
             def scatter(dtype: torch.dtype = dtype, op: str = op) -> list[torch.Tensor]:
                 shard = torch.empty(N, dtype=dtype)

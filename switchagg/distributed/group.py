@@ -76,7 +76,7 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = _allreduce_options(opts)
         if _op(opts.reduceOp) == dist.ReduceOp.AVG and {t.dtype for t in tensors} <= _INTEGERS:
-            return self._average_integers(tensors, opts)
+            return self._average_integers(tensors, self.allreduce(tensors, _summing(opts, dist.AllreduceOptions())))
         op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 else None  # one tensor a call
         if op is None:
             return self._fallback(tensors[0]).allreduce(tensors, opts)
@@ -85,6 +85,9 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.ReduceScatterOptions()
+        if _op(opts.reduceOp) == dist.ReduceOp.AVG and {output.dtype, input.dtype} <= _INTEGERS:
+            return self._average_integers(
+                [output], self.reduce_scatter_single(output, input, _summing(opts, dist.ReduceScatterOptions())))
         op = _switch_op(opts.reduceOp, [output, input])
         if op is None or input.numel() != output.numel() * self.size() or self.options.target in _NO_OWNER_DELIVERY:
             return self._fallback(input)._reduce_scatter_base(output, input, opts)
@@ -170,25 +173,28 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             return FutureWork(failed_future(exc, tensor.device))
         return FutureWork(torch_future(done, tensor.device, value))
 
-    def _average_integers(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+    def _average_integers(self, results: list[torch.Tensor], summed: dist.Work) -> dist.Work:
         """Integer AVG as NCCL does it: the exact (wrapping) sum, then C's division, which truncates
         toward zero. gloo refuses it ("result type Float can't be cast"), yet Lightning's
-        ``self.log(..., sync_dist=True)`` sends it for int64 to any backend not named "gloo"."""
-        total = dist.AllreduceOptions()
-        total.reduceOp, total.timeout = dist.ReduceOp.SUM, opts.timeout
+        ``self.log(..., sync_dist=True)`` sends it for int64 to any backend not named "gloo".
+        ``summed`` is the sum's call, issued; ``results`` are the tensors it sums into."""
         n, averaged = self.size(), torch.futures.Future()
 
-        def divide(summed: torch.futures.Future) -> None:
+        def divide(total: torch.futures.Future) -> None:
             try:
-                summed.value()  # the sum's own error, as the caller would have it from the sum
-                for t in tensors:
+                total.value()  # the sum's own error, as the caller would have it from the sum
+                for t in results:
                     t.div_(n, rounding_mode="trunc")
             except Exception as exc:  # noqa: BLE001 - wait() raises it
                 averaged.set_exception(exc)
                 return
-            averaged.set_result(tensors)
+            averaged.set_result(results)
 
-        self.allreduce(tensors, total).get_future().add_done_callback(divide)
+        try:
+            summed.get_future().add_done_callback(divide)
+        except RuntimeError:  # gloo's reduce-scatter Work has none ("Work::getFuture not implemented")
+            summed.wait()  # its error, if any, raised here as gloo's own call would at its wait
+            divide(_done(results))
         return FutureWork(averaged)
 
     def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
@@ -220,6 +226,18 @@ def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
     if opts is not None:
         out.reduceOp = opts
     return out
+
+
+def _done(value: Any) -> torch.futures.Future:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def _summing(opts: Any, total: Any) -> Any:
+    """``total`` (a fresh options object of the call's kind) set to SUM, with ``opts``'s timeout."""
+    total.reduceOp, total.timeout = dist.ReduceOp.SUM, opts.timeout
+    return total
 
 
 def _op(reduce_op: Any) -> Any:
