@@ -48,3 +48,24 @@ def failed_future(error: BaseException, device: torch.device) -> torch.futures.F
     future: torch.futures.Future = torch.futures.Future(devices=[device] if device.type == "cuda" else None)
     future.set_exception(error)
     return future
+
+
+class FutureWork(torch.distributed.Work):
+    """torch's Work over a Future, whose ``wait()`` raises the Future's error.
+
+    torch's ``_create_work_from_future`` makes a Work whose ``wait()`` waits for the Future and
+    returns True whatever it holds, so a call that failed (a stall, a closed client, a fallback's
+    refusal) would pass for a finished one and leave the tensor as it was. torch calls ``wait`` and
+    ``get_future`` of a Python Work by name (its ``PyWork``), as ``test_c10d_pypg.py`` shows.
+    """
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: Any = None) -> bool:  # noqa: ARG002 - the call's own timers bound it
+        self._future.wait()  # raises the call's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future

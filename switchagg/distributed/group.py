@@ -7,8 +7,11 @@ group itself (gloo for CPU tensors, NCCL for CUDA ones where there is a GPU), bu
 store, so that any torch program runs unchanged. What goes where:
 
 * ``all_reduce`` with SUM or AVG of float32, float16, bfloat16 (through the codec, within its
-  bound) or int32 (SUM, exact): the switch. Other ops, dtypes (float64 keeps its precision on the
-  fallback) and non-contiguous tensors: the fallback.
+  bound) or int32 (exact): the switch. Other ops, dtypes (float64 keeps its precision on the
+  fallback) and non-contiguous tensors: the fallback. AVG of integers is NCCL's: the sum (the
+  switch's for int32, the fallback's for the others), then division truncating toward zero.
+* ``all_reduce_coalesced`` (and a ``_coalescing_manager`` block's all-reduces) on the same terms,
+  the tensors flattened into one call.
 * ``reduce_scatter_tensor`` on the same terms: the switch, and each rank receives only its shard's
   sums (``docs/protocol.md``, section 4b); on Tofino, whose program lacks that yet, the fallback.
 * ``all_gather_into_tensor``: the fallback unless ``Options.all_gather == "switch"`` (which sums
@@ -29,14 +32,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..torch_futures import failed_future, torch_future
+from ..torch_futures import FutureWork, failed_future, torch_future
 from .hierarchy import Hierarchy
 from .options import Options
 from .rendezvous import Formed, finish, form
 from .topology import Layout
 
 _CARRIED = {torch.float32, torch.float16, torch.bfloat16, torch.int32}
+_INTEGERS = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}  # AVG: a sum, then C's division
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "mean"}
 # Targets whose program has no owner-only delivery yet (docs/tofino.md): their reduce-scatters go to the fallback
 _NO_OWNER_DELIVERY = ("tofino", "tofino2")
@@ -89,6 +94,8 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         opts = _allreduce_options(opts)
+        if _op(opts.reduceOp) == dist.ReduceOp.AVG and {t.dtype for t in tensors} <= _INTEGERS:
+            return self._average_integers(tensors, self.allreduce(tensors, _summing(opts, dist.AllreduceOptions())))
         op = _switch_op(opts.reduceOp, tensors) if len(tensors) == 1 and self._on_switch() else None  # one a call
         if op is None:
             return self._fallback(tensors[0]).allreduce(tensors, opts)
@@ -100,6 +107,9 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.ReduceScatterOptions()
+        if _op(opts.reduceOp) == dist.ReduceOp.AVG and {output.dtype, input.dtype} <= _INTEGERS:
+            return self._average_integers(
+                [output], self.reduce_scatter_single(output, input, _summing(opts, dist.ReduceScatterOptions())))
         op = _switch_op(opts.reduceOp, [output, input]) if self._on_switch() else None
         if op is None or input.numel() != output.numel() * self.size() or self.options.target in _NO_OWNER_DELIVERY:
             return self._fallback(input)._reduce_scatter_base(output, input, opts)
@@ -110,6 +120,25 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
                           lambda _: [output])
 
     _reduce_scatter_base = reduce_scatter_single  # the name torch's C++ side calls it by
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Several tensors as one call through the switch (``_coalescing_manager``, ``all_reduce_coalesced``),
+        where they share a dtype the switch sums; else the fallback's."""
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op = _switch_op(opts.reduceOp, tensors) if self._on_switch() else None
+        if op is None:
+            return self._fallback(tensors[0]).allreduce_coalesced(tensors, opts)
+        flat = _flatten_dense_tensors(tensors)
+
+        def place(_: Any) -> list[torch.Tensor]:
+            for t, summed in zip(tensors, _unflatten_dense_tensors(flat, tensors), strict=True):
+                t.copy_(summed)
+            return tensors
+
+        if self._hierarchy is not None:
+            hierarchy = self._hierarchy
+            return self._work(flat, lambda: hierarchy.allreduce(flat, op == "mean"), place)
+        return self._work(flat, lambda: self.client.allreduce_async(flat, op=op, out=flat), place)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         opts = opts or dist.AllgatherOptions()
@@ -139,8 +168,6 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._fallback(inputs[0]).allgather(outputs, inputs, opts or dist.AllgatherOptions())
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._fallback(tensors[0]).allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> Any:
@@ -174,8 +201,32 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
         try:
             done = start()
         except BaseException as exc:  # noqa: BLE001 - e.g. a closed client: wait() raises it
-            return _CallWork(failed_future(exc, tensor.device))
-        return _CallWork(torch_future(done, tensor.device, value))
+            return FutureWork(failed_future(exc, tensor.device))
+        return FutureWork(torch_future(done, tensor.device, value))
+
+    def _average_integers(self, results: list[torch.Tensor], summed: dist.Work) -> dist.Work:
+        """Integer AVG as NCCL does it: the exact (wrapping) sum, then C's division, which truncates
+        toward zero. gloo refuses it ("result type Float can't be cast"), yet Lightning's
+        ``self.log(..., sync_dist=True)`` sends it for int64 to any backend not named "gloo".
+        ``summed`` is the sum's call, issued; ``results`` are the tensors it sums into."""
+        n, averaged = self.size(), torch.futures.Future()
+
+        def divide(total: torch.futures.Future) -> None:
+            try:
+                total.value()  # the sum's own error, as the caller would have it from the sum
+                for t in results:
+                    t.div_(n, rounding_mode="trunc")
+            except Exception as exc:  # noqa: BLE001 - wait() raises it
+                averaged.set_exception(exc)
+                return
+            averaged.set_result(results)
+
+        try:
+            summed.get_future().add_done_callback(divide)
+        except RuntimeError:  # gloo's reduce-scatter Work has none ("Work::getFuture not implemented")
+            summed.wait()  # its error, if any, raised here as gloo's own call would at its wait
+            divide(_done(results))
+        return FutureWork(averaged)
 
     def _gather_through_switch(self, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         """All-gather as an int32 sum: each rank's bytes in its own words, zeros in everyone else's."""
@@ -190,30 +241,6 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
             return [output]
 
         return self._work(output, lambda: self.client.allreduce_async(buf, op="sum", out=buf), place)
-
-
-class _CallWork(dist.Work):
-    """A call through the switch as torch's Work: ``wait()`` raises the call's error.
-
-    torch's own Work over a Future (``_create_work_from_future``) waits and returns True whatever the
-    Future holds, so a failed call would leave its tensor as it was, unsummed, and the program would go
-    on: ``dist.all_reduce`` calls ``wait()`` and nothing else. A Python Work (as torch's
-    ``test_c10d_pypg.py`` writes one) waits on the Future itself, which raises.
-    """
-
-    def __init__(self, future: torch.futures.Future) -> None:
-        super().__init__()
-        self._future = future
-
-    def wait(self, timeout: Any = None) -> bool:
-        self._future.wait()  # raises the call's error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
 
 
 def _shut_down(group: weakref.ref[SwitchAggProcessGroup]) -> None:
@@ -232,9 +259,26 @@ def _allreduce_options(opts: Any) -> dist.AllreduceOptions:
     return out
 
 
+def _done(value: Any) -> torch.futures.Future:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def _summing(opts: Any, total: Any) -> Any:
+    """``total`` (a fresh options object of the call's kind) set to SUM, with ``opts``'s timeout."""
+    total.reduceOp, total.timeout = dist.ReduceOp.SUM, opts.timeout
+    return total
+
+
+def _op(reduce_op: Any) -> Any:
+    """The RedOpType of a ReduceOp object (as C++ passes it) or of a RedOpType."""
+    return getattr(reduce_op, "op", reduce_op)
+
+
 def _switch_op(reduce_op: Any, tensors: list[torch.Tensor]) -> str | None:
     """The switch's op for this call ("sum", "mean"), or None where the fallback must do it."""
-    op = _OPS.get(getattr(reduce_op, "op", reduce_op))  # a ReduceOp object (from C++) or its RedOpType
+    op = _OPS.get(_op(reduce_op))
     if op is None or not _dense(*tensors):
         return None
     dtypes = {t.dtype for t in tensors}
