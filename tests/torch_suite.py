@@ -121,11 +121,7 @@ if AS == "gloo":
 # always fails (strict: the day it passes, the run says so and its entry goes).
 _MONITORED = ("torch's dist.monitored_barrier refuses any group whose backend is not named gloo (\"monitored_barrier "
               "is only implemented for GLOO backend\"): the README says what to use instead")
-_SLOTS = ("each process group takes 1,024 of the embedded switch's 4,096 slots whatever it needs, so a fifth live "
-          "group cannot deploy (issue 41, item 1: slots sized to the group); this test makes seven (the world, two "
-          "pairs, four single ranks), and whether five live at once depends on how its ranks interleave")
-KNOWN = {"test_monitored_barrier_gloo": (_MONITORED, True), "test_monitored_barrier_gloo_subgroup": (_MONITORED, True),
-         "test_new_subgroups_with_group_param": (_SLOTS, False)}  # at world size 4
+KNOWN = {"test_monitored_barrier_gloo": (_MONITORED, True), "test_monitored_barrier_gloo_subgroup": (_MONITORED, True)}
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
