@@ -8,6 +8,7 @@ the group on a TCP store at ``port``, and puts its findings on ``queue`` for the
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -255,3 +256,12 @@ def many_groups(rank: int, queue: Any, world: int, env: dict[str, str], port: in
         places.append(one.formed.fallback)
     dist.destroy_process_group()
     queue.put((rank, "result", {"sums": sums, "places": places}))
+
+
+def hold(rank: int, world: int, port: int) -> None:
+    """A rank of a program run on its own (``python -c``, the ``SWITCHAGG_*`` variables in its environment): it
+    forms the group, says so on stdout and waits for ever, so that only a signal ends it and nothing of
+    its own removes the job."""
+    _init(rank, world, {}, port)
+    print(f"formed job {dist.group.WORLD.formed.config.job_id}", flush=True)
+    threading.Event().wait()
