@@ -277,6 +277,9 @@ class JobStatus:
     host_counters: dict[str, int] = field(default_factory=dict)
     lease: float | None = None  # seconds left of the job's lease on a switch that expires jobs; None: no lease
     owner: str = ""  # the process that deployed the job, "host pid N", where the switch recorded one
+    # every job on the switch, where the target lists them with their leases (the embedded switch): by id,
+    # its slots, workers, lease (seconds left, None: none) and owner, so leftovers of killed programs show
+    switch_jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, target: str, entry: JobEntry, counters: dict[str, int], global_drops: dict[str, int],

@@ -86,11 +86,19 @@ class SoftTarget(Target):
         drops, backend = reply["counters"]["global"], reply.get("backend", "")
         host = {f"{part}_{name}": n for part in ("sockets", "control", "leases")
                 for name, n in reply.get(part, {}).items()}
+        every = {int(j): {"slot_base": e["slot_base"], "slot_count": e["slot_count"], "n_workers": len(e["workers"]),
+                          "lease": None if e.get("lease") is None else e["lease"]["left"], "owner": _owner(e)}
+                 for j, e in reply["jobs"].items()}
         job = reply["jobs"].get(str(job_id))
         if job is None:
-            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host)
-        lease, owner = job.get("lease"), job.get("owner")
+            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host,
+                             switch_jobs=every)
         return JobStatus(self.name, job_id, True, job["generation"], job["slot_base"], job["slot_count"],
                          len(job["workers"]), reply["counters"]["jobs"][str(job_id)], drops, backend, host,
-                         lease=None if lease is None else lease["left"],
-                         owner="" if owner is None else f"{owner['host']} pid {owner['pid']}")
+                         lease=every[job_id]["lease"], owner=every[job_id]["owner"], switch_jobs=every)
+
+
+def _owner(job: dict[str, Any]) -> str:
+    """A job's owner as status shows it, "host pid N" ("" where its deploy named none)."""
+    owner = job.get("owner")
+    return "" if owner is None else f"{owner['host']} pid {owner['pid']}"
