@@ -292,15 +292,19 @@ class SoftSwitch:
 
     def _keep_leases(self) -> None:
         """The lease timer: sleeps until the earliest deadline (or a change of the leases) and calls
-        :meth:`expire`, which alone decides what lapsed."""
-        while True:
-            self._leases_changed.clear()
-            with self.lock:
-                deadlines = [lease.deadline for lease in self._leases.values()]
-            self._leases_changed.wait(max(0.0, min(deadlines) - self._clock()) if deadlines else None)
-            if self._stop.is_set():
-                return
-            self.expire()
+        :meth:`expire`, which alone decides what lapsed. A fault is kept in ``error``, as a shard's is."""
+        try:
+            while True:
+                self._leases_changed.clear()
+                with self.lock:
+                    deadlines = [lease.deadline for lease in self._leases.values()]
+                self._leases_changed.wait(max(0.0, min(deadlines) - self._clock()) if deadlines else None)
+                if self._stop.is_set():
+                    return
+                self.expire()
+        except BaseException as exc:  # surfaced by the CLI and the tests' fixtures rather than lost
+            self.error = exc
+            raise
 
     # ---- control ---------------------------------------------------------------------------------
 
