@@ -176,9 +176,9 @@ def finish(store: dist.Store, rank: int, size: int, formed: Formed) -> None:
         store.set(f"{formed.prefix}closed/{rank}", "")
     if not formed.deployed:
         return
-    _stop_renewing(formed)
     with suppress(RuntimeError):  # a peer that did not close in time: its packets are dropped once the job is gone
         store.wait([f"{formed.prefix}closed/{r}" for r in range(size)], _CLOSE_WAIT)
+    _stop_renewing(formed)  # only now: a lease lapsing while the peers close would make the undeploy below fail
     deployed, formed.deployed = formed.deployed, []
     for target, job_id in deployed:
         try:
