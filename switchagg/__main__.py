@@ -110,16 +110,30 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         print(f"job {cfg.job_id}: generation {status.generation}, slots {status.slot_base}.."
               f"{status.slot_base + status.slot_count - 1}, {status.n_workers} workers")
+        print(f"  {'lease':<20} {_lease(status.lease)}")
+        if status.owner:
+            print(f"  {'owner':<20} {status.owner}")
         for name, value in status.counters.items():
             print(f"  {name:<20} {value}")
     print("switch-wide drops:")
     for name, value in status.global_drops.items():
         print(f"  {name:<20} {value}")
     if status.host_counters:
-        print("the embedded switch's host side (control port, sockets):")
+        print("the embedded switch's host side (control port, sockets, leases):")
         for name, value in status.host_counters.items():
             print(f"  {name:<20} {value}")
+    if status.switch_jobs:
+        print("every job on this switch (a lapsed lease removes its job):")
+        for job_id, job in sorted(status.switch_jobs.items()):
+            owner = f", owner {job['owner']}" if job["owner"] else ""
+            print(f"  job {job_id}: slots {job['slot_base']}..{job['slot_base'] + job['slot_count'] - 1}, "
+                  f"{job['n_workers']} workers, lease {_lease(job['lease'])}{owner}")
     return 0
+
+
+def _lease(left: float | None) -> str:
+    """A job's lease as status shows it: the time left, or that it has none."""
+    return "none (stays until removed)" if left is None else f"{left:.1f} s left"
 
 
 def _cmd_reset(args: argparse.Namespace) -> int:
@@ -143,8 +157,16 @@ def _cmd_build_p4(args: argparse.Namespace) -> int:
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
     cfg = JobConfig.from_file(args.config)
-    gen = _target(args, cfg).deploy(cfg)
-    print(f"job {cfg.job_id} deployed on the {args.target} target: generation {gen}")
+    gen = _target(args, cfg).deploy(cfg, lease=args.lease)
+    lease = f"; it is removed {args.lease:g} s after its last renewal (`switchagg renew`)" if args.lease else ""
+    print(f"job {cfg.job_id} deployed on the {args.target} target: generation {gen}{lease}")
+    return 0
+
+
+def _cmd_renew(args: argparse.Namespace) -> int:
+    cfg = JobConfig.from_file(args.config)
+    _target(args, cfg).renew(cfg.job_id)
+    print(f"job {cfg.job_id}: lease renewed for its whole length")
     return 0
 
 
@@ -296,7 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", metavar="DIR",
                    help="compile the P4 program into this directory and push it first (bmv2 only: bf_switchd "
                         "loads its program at start)")
+    p.add_argument("--lease", type=float, metavar="SECONDS",
+                   help="remove the job this long after its deploy or last `switchagg renew` (soft only: the P4 "
+                        "targets' control planes run no timer); default: no lease, the job stays until undeployed")
     p.set_defaults(fn=_cmd_deploy)
+
+    p = sub.add_parser("renew", help="renew a job's lease (one deployed with --lease, or by a process group)")
+    _target_args(p)
+    p.set_defaults(fn=_cmd_renew)
 
     p = sub.add_parser("undeploy", help="remove a job from a switch")
     _target_args(p)

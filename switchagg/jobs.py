@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -161,6 +162,47 @@ class JobTable:
         self._jobs[entry.job_id] = entry
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A job's lease on a switch that expires jobs: it lasts ``seconds`` from its grant and from each
+    renewal, until ``deadline`` on the switch's monotonic clock.
+
+    A process group's job is removed when its group is destroyed, but a program killed (SIGKILL,
+    SIGTERM, a forked child's exit) removes nothing: its ranks stop renewing, and the switch takes
+    the job away once the lease lapses, instead of holding its slots for ever.
+    """
+
+    seconds: float
+    deadline: float
+
+    @classmethod
+    def grant(cls, seconds: float, now: float) -> Lease:
+        """A lease of ``seconds`` granted at ``now``; a ConfigError says what to send where ``seconds`` is no
+        positive, finite number."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+            raise ConfigError(f"lease = {seconds!r}: a lease is a number of seconds, more than 0")
+        return cls(float(seconds), now + seconds)
+
+    def renewed(self, now: float) -> Lease:
+        """The lease renewed at ``now``: ``seconds`` more from then."""
+        return Lease(self.seconds, now + self.seconds)
+
+    def left(self, now: float) -> float:
+        """Seconds until the lease lapses (0 once it has)."""
+        return max(0.0, self.deadline - now)
+
+
+def lapsed(now: float, deadline: float) -> bool:
+    """Whether a lease whose deadline is ``deadline`` has lapsed at ``now``: the one rule by which a switch
+    expires a job, a plain function so that a test drives it with any clock."""
+    return now >= deadline
+
+
+def lapsed_jobs(leases: dict[int, Lease], now: float) -> list[int]:
+    """The jobs among ``leases`` whose lease has lapsed at ``now``, in id order."""
+    return sorted(job for job, lease in leases.items() if lapsed(now, lease.deadline))
+
+
 MIN_SHARED_SLOTS = 16  # the fewest slots a job is sized down to where the pool is shared (default_slot_count's floor)
 
 
@@ -233,6 +275,11 @@ class JobStatus:
     transport: str = ""  # how the embedded switch's datagrams move, where there is one
     # the embedded switch's counters outside its data plane: its control port's (control_*), its sockets' drops
     host_counters: dict[str, int] = field(default_factory=dict)
+    lease: float | None = None  # seconds left of the job's lease on a switch that expires jobs; None: no lease
+    owner: str = ""  # the process that deployed the job, "host pid N", where the switch recorded one
+    # every job on the switch, where the target lists them with their leases (the embedded switch): by id,
+    # its slots, workers, lease (seconds left, None: none) and owner, so leftovers of killed programs show
+    switch_jobs: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, target: str, entry: JobEntry, counters: dict[str, int], global_drops: dict[str, int],
@@ -246,6 +293,6 @@ class JobStatus:
         installed has no generation, slots or counters: those keys are left out rather than zero."""
         out = dataclasses.asdict(self)
         if not self.installed:
-            for name in ("generation", "slot_base", "slot_count", "n_workers", "counters"):
+            for name in ("generation", "slot_base", "slot_count", "n_workers", "counters", "lease", "owner"):
                 del out[name]
         return out

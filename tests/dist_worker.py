@@ -8,6 +8,7 @@ the group on a TCP store at ``port``, and puts its findings on ``queue`` for the
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -290,3 +291,12 @@ def hsdp(rank: int, queue: Any, world: int, env: dict[str, str], port: int, back
         sent = sum(mesh.get_group(d).client.transport_stats.bytes_sent for d in ("replicate", "shard"))
     dist.destroy_process_group()
     queue.put((rank, "result", {"losses": losses, "sent": sent}))
+
+
+def hold(rank: int, world: int, port: int) -> None:
+    """A rank of a program run on its own (``python -c``, the ``SWITCHAGG_*`` variables in its environment): it
+    forms the group, says so on stdout and waits for ever, so that only a signal ends it and nothing of
+    its own removes the job."""
+    _init(rank, world, {}, port)
+    print(f"formed job {dist.group.WORLD.formed.config.job_id}", flush=True)
+    threading.Event().wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import signal
 import socket
@@ -34,6 +35,33 @@ def test_status_names_the_job_its_counters_and_the_switchs_transport(make_job, s
     # the drops outside the data plane: the switch's sockets' and its control port's (this status a request)
     host = out[out.index("the embedded switch's host side"):]
     assert re.search(r"sockets_truncated +0\n", host) and re.search(r"control_requests +1\n", host)
+
+
+def test_deploy_with_a_lease_then_renew_and_status_shows_every_job_s_lease_and_owner(make_job, soft_switch, tmp_path,
+                                                                                      capsys):
+    other = make_job(2, k=64)  # installed with no lease, by no process that said so
+    cfg = dataclasses.replace(loopback_config(2, switch_port=soft_switch.address[1], k=64,
+                                              control=soft_switch.control_address[1]), job_id=7, slot_base=64)
+    path = cfg.write(tmp_path / "job.toml")
+    assert main(["deploy", "--lease", "30", "--config", str(path)]) == 0
+    assert "removed 30 s after its last renewal" in capsys.readouterr().out
+    assert main(["renew", "--config", str(path)]) == 0
+    assert soft_switch.lease_counters()["renewed"] == 1
+    assert main(["status", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    owner = f"{socket.gethostname()} pid {os.getpid()}"
+    assert re.search(r"\n  lease +\d+\.\d s left\n  owner +" + re.escape(owner) + "\n", out), out
+    table = out[out.index("every job on this switch"):]
+    assert f"job {other.job_id}: slots 0..15, 2 workers, lease none (stays until removed)\n" in table
+    assert re.search(r"job 7: slots 64\.\.79, 2 workers, lease \d+\.\d s left, owner " + re.escape(owner), table)
+    assert main(["status", "--json", "--config", str(path)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert 0 < status["lease"] <= 30 and status["owner"] == owner and set(status["switch_jobs"]) == {"1", "7"}
+    assert main(["renew", "--config", str(other.write(tmp_path / "other.toml"))]) == 1
+    assert "job 1 holds no lease, so there is nothing to renew" in capsys.readouterr().err
+    assert main(["deploy", "--target", "bmv2", "--lease", "30", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "the bmv2 target keeps no leases" in err and err.count("\n") == 1
 
 
 def test_status_json_is_one_object_with_the_job_and_its_counters(make_job, soft_switch, tmp_path, capsys):
@@ -65,7 +93,7 @@ def test_every_control_subcommand_defaults_to_the_embedded_switch(make_job, soft
     assert main(["deploy", "--config", str(path)]) == 0
     assert cfg.job_id in soft_switch.jobs()
     assert "on the soft target" in capsys.readouterr().out
-    for command in ("status", "reset", "deploy", "undeploy"):
+    for command in ("status", "reset", "deploy", "renew", "undeploy"):
         assert build_parser().parse_args([command, "--config", "x"]).target == "soft"
 
 
@@ -213,6 +241,6 @@ def test_every_flag_has_a_help_text_and_every_target_flag_says_its_default():
     missing = [f"{name} {'/'.join(a.option_strings)}" for name, sub in commands.choices.items()
                for a in sub._actions if a.option_strings and not a.help]
     assert missing == []
-    for name in ("status", "reset", "deploy", "undeploy"):
+    for name in ("status", "reset", "deploy", "renew", "undeploy"):
         (target,) = [a for a in commands.choices[name]._actions if a.dest == "target"]
         assert "default: soft" in target.help

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import socketserver
 import threading
@@ -14,10 +15,12 @@ import pytest
 from switchagg import ConfigError, SoftSwitch
 from switchagg.config import Endpoint
 from switchagg.errors import SwitchAggError
+from switchagg.jobs import Lease, lapsed, lapsed_jobs
 from switchagg.loopback import free_ports, loopback_job
 from switchagg.switch.control import MAX_REQUEST, TOKEN_ENV, ControlServer, Guard, control_token
 from switchagg.switch.control_client import request
 from switchagg.targets import TargetOptions, open_target
+from switchagg.targets.base import UnsupportedOperation
 from switchagg.transport import BATCHED_AVAILABLE
 from switchagg.wire import PacketType, make_header, unpack_header
 
@@ -66,7 +69,7 @@ def test_reset_and_remove_need_the_installed_job_s_key_and_reads_need_none(make_
     cfg = make_job(2, k=64)
     control = control_of(soft_switch)
     generation = soft_switch.jobs()[cfg.job_id].generation
-    for op in ("reset", "remove_job"):
+    for op in ("reset", "renew", "remove_job"):
         with pytest.raises(ConfigError, match=f"{op} of job 1 needs 'key'"):
             request(control, {"op": op, "job": cfg.job_id})
         with pytest.raises(ConfigError, match="'key' is not job 1's key"):
@@ -364,3 +367,80 @@ def test_a_reply_that_is_no_json_object_is_one_line_naming_the_port():
                                                  "not a JSON object"):
             request(endpoint, {"op": "status"})
         thread.join()
+
+
+def test_a_lease_lapses_at_its_deadline_and_a_renewal_moves_the_deadline_on():
+    """The expiry rule alone, on a clock the test moves: nothing lapses a moment early, and a renewed
+    lease lasts its whole length from the renewal."""
+    lease = Lease.grant(10, now=100.0)
+    assert (lease.deadline, lease.left(104.0)) == (110.0, 6.0)
+    assert not lapsed(109.999, lease.deadline) and lapsed(110.0, lease.deadline)
+    renewed = lease.renewed(108.0)
+    assert renewed == Lease(10.0, 118.0) and renewed.left(200.0) == 0.0
+    leases = {3: renewed, 1: lease, 2: Lease.grant(0.5, 109.0)}
+    assert lapsed_jobs(leases, 109.4) == [] and lapsed_jobs(leases, 110.0) == [1, 2]
+    for seconds in (0, -1, float("nan"), float("inf"), "10", True, None):
+        with pytest.raises(ConfigError, match="a lease is a number of seconds, more than 0"):
+            Lease.grant(seconds, 0.0)
+
+
+def test_a_leased_job_is_renewed_by_its_key_and_removed_with_its_slots_cleared_once_it_lapses():
+    """Through the control port and the soft target, on the switch's clock moved by the test: status shows
+    the lease and the deploying process, a wrong key's renewal is refused and counted, and the lapsed
+    job goes as remove_job takes it (its slots at power-up), counted."""
+    clock = Clock()
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    with SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", port), clock=clock) as sw:
+        cfg = loopback_job(2, values_per_packet=64, slot_count=4, slot_base=8, switch_port=sw.address[1],
+                           control_port=port)
+        target = open_target("soft", TargetOptions(config=cfg))
+        target.deploy(cfg, lease=5.0)
+        job = request(control_of(sw), {"op": "status"})["jobs"][str(cfg.job_id)]
+        assert job["lease"] == {"seconds": 5.0, "left": 5.0}
+        assert job["owner"] == {"host": socket.gethostname(), "pid": os.getpid()}
+        status = target.status(cfg.job_id)
+        assert (status.lease, status.owner) == (5.0, f"{socket.gethostname()} pid {os.getpid()}")
+        with pytest.raises(ConfigError, match="'key' is not job 1's key"):
+            request(control_of(sw), {"op": "renew", "job": cfg.job_id, "key": cfg.key ^ 1})
+        assert request(control_of(sw), {"op": "status"})["control"]["auth_failures"] == 1
+        clock.now += 4.0
+        assert sw.expire() == []
+        target.renew(cfg.job_id)
+        clock.now += 4.0
+        assert sw.expire() == [] and sw.leases() == {cfg.job_id: (5.0, 1.0)}, "renewed at 4 s: 5 s more from then"
+        contribution = make_header(PacketType.CONTRIB, job=cfg.job_id, worker=0, slot=1, chunk=1,
+                                   generation=sw.jobs()[cfg.job_id].generation, key=cfg.key, count=64).pack()
+        sw.model.process(contribution + bytes(4 * 64), cfg.workers[0].address.tuple)
+        assert sw.model.registers(2 * (8 + 1)).count == 1
+        clock.now += 1.0
+        sw.expire()  # the timer thread may have been first: what counts is what is left
+        assert sw.jobs() == {} and sw.leases() == {} and sw.owners() == {}
+        assert [tuple(sw.model.registers(i)) for i in range(16, 24)] == [(0, 0, 0, 0, None)] * 8
+        assert target.status(cfg.job_id).host_counters["leases_expired"] == 1
+        assert target.status(cfg.job_id).host_counters["leases_renewed"] == 1
+
+
+def test_a_job_without_a_lease_stays_and_p4_targets_refuse_a_lease_saying_what_to_do(make_job, soft_switch):
+    cfg = make_job(2, k=64)
+    with pytest.raises(ConfigError, match="job 1 holds no lease, so there is nothing to renew"):
+        open_target("soft", TargetOptions(config=cfg)).renew(cfg.job_id)
+    assert soft_switch.expire(float("inf")) == [] and cfg.job_id in soft_switch.jobs()
+    assert request(control_of(soft_switch), {"op": "status"})["jobs"]["1"]["lease"] is None
+    for name in ("bmv2", "tofino"):
+        target = open_target(name, TargetOptions(config=cfg, address="127.0.0.1:1"))
+        for call in (lambda t=target: t.deploy(cfg, lease=10.0), lambda t=target: t.renew(cfg.job_id)):
+            with pytest.raises(UnsupportedOperation, match=f"the {name} target keeps no leases: .*no timer"):
+                call()
+
+
+@pytest.mark.parametrize("req, message", [
+    ({"lease": 0}, "a lease is a number of seconds, more than 0"),
+    ({"lease": "10"}, "a lease is a number of seconds"),
+    ({"owner": "me"}, "'owner' is the deploying process"),
+    ({"owner": {"host": "h", "pid": "1"}}, "'owner' is the deploying process"),
+])
+def test_add_job_refuses_a_lease_or_owner_it_cannot_read(soft_switch, req, message):
+    cfg = loopback_job(2, values_per_packet=64, slot_count=16, switch_port=soft_switch.address[1])
+    with pytest.raises(ConfigError, match=message):
+        request(control_of(soft_switch), {"op": "add_job", "config": cfg.to_toml(), **req})
+    assert soft_switch.jobs() == {}

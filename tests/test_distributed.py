@@ -6,8 +6,15 @@ would: no job file anywhere.
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import socket
-from collections.abc import Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +22,11 @@ import torch
 
 from switchagg import SoftSwitch
 from switchagg.distributed import ENV, Options
+from switchagg.distributed.rendezvous import RENEWALS_PER_LEASE, _deploy_leased
 from switchagg.errors import ConfigError
-from switchagg.loopback import free_ports, run_processes
+from switchagg.loopback import free_ports, loopback_job, run_processes
 from switchagg.switch.server import NUM_SLOTS
+from switchagg.targets.base import Target, UnsupportedOperation
 from tests import dist_worker
 
 WORLD = 2
@@ -180,3 +189,93 @@ def test_the_demo_trains_through_the_backend_next_to_gloo(capsys):
     assert 'init_process_group("switchagg") against gloo' in out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [0, 1, 2] and all(len(r) == 3 for r in rows)
+
+
+def _until(condition: Callable[[], bool], what: str, within: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail saying ``what`` did not happen once ``within`` seconds pass."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {within:g} s"
+        time.sleep(0.05)
+
+
+def _line(proc: subprocess.Popen, within: float = 120.0) -> str:
+    """The next line ``proc`` writes on stdout, failing if none comes within ``within`` seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], within)
+    assert ready, f"rank (pid {proc.pid}) said nothing within {within:g} s"
+    return proc.stdout.readline().decode()
+
+
+def test_a_program_killed_with_sigkill_leaves_no_job_once_its_lease_lapses(switch, tmp_path):
+    """A program of two ranks forms a group and is SIGKILLed whole (no destroy, no atexit): rank 0 renewed
+    the job while the program lived (it outlived its lease), and the switch removes it once the lease
+    lapses unrenewed."""
+    sw, env = switch
+    (port,) = free_ports(1, socket.SOCK_STREAM)
+    lease = 2.0
+    environ = {**os.environ, **env, ENV["lease"]: str(lease),
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    code = f"import sys; from tests import dist_worker; dist_worker.hold(int(sys.argv[1]), {WORLD}, {port})"
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(WORLD):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", code, str(rank)], env=environ, stdout=subprocess.PIPE,
+                stderr=(tmp_path / f"rank{rank}.err").open("wb"),
+                process_group=0 if rank == 0 else procs[0].pid))
+        lines = [_line(p) for p in procs]
+        assert len(set(lines)) == 1 and lines[0].startswith("formed job"), lines
+        (job_id,) = sw.jobs()
+        assert sw.leases()[job_id][0] == lease and sw.owners()[job_id][1] == procs[0].pid
+        _until(lambda: sw.lease_counters()["renewed"] > RENEWALS_PER_LEASE or job_id not in sw.jobs(),
+               "rank 0 renewed the lease")
+        assert job_id in sw.jobs(), "renewed, the job outlives its lease"
+    finally:
+        if procs:
+            os.killpg(procs[0].pid, signal.SIGKILL)
+        for p in procs:
+            p.wait(30)
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * WORLD
+    _until(lambda: sw.jobs() == {}, "the killed program's job was removed once its lease lapsed")
+    assert sw.lease_counters()["expired"] == 1, "removed by its lease, not by the program"
+
+
+class _NoLeases(Target):
+    """A target that keeps no leases, as the P4 ones: it refuses one before it changes anything."""
+
+    name, summary = "no-leases", "a test's"
+
+    def __init__(self) -> None:
+        self.deployed: list[int] = []
+
+    @classmethod
+    def open(cls, options):
+        return cls()
+
+    def deploy(self, job, lease=None):
+        if lease is not None:
+            raise UnsupportedOperation(self._no_leases())
+        self.deployed.append(job.job_id)
+        return 1
+
+    def undeploy(self, job_id):
+        raise NotImplementedError
+
+    def reset(self, job_id):
+        raise NotImplementedError
+
+    def status(self, job_id):
+        raise NotImplementedError
+
+
+def test_the_lease_is_an_option_and_a_target_without_leases_gets_the_job_without_one():
+    options = Options.from_env({ENV["switch"]: "127.0.0.1:1", ENV["lease"]: "2.5"})
+    assert (options.lease, Options(switch="127.0.0.1:1").lease) == (2.5, 10.0)
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(ConfigError, match="SWITCHAGG_LEASE"):
+            Options.from_env({ENV["switch"]: "127.0.0.1:1", ENV["lease"]: bad})
+    target, cfg = _NoLeases(), loopback_job(2, switch_port=1)
+    _deploy_leased(target, cfg, options)
+    assert target.deployed == [cfg.job_id]
+    with pytest.raises(UnsupportedOperation, match="keeps no leases: its control plane runs no timer"):
+        target.renew(cfg.job_id)

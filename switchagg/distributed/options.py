@@ -37,9 +37,10 @@ ENV = {
     "stall_timeout": "SWITCHAGG_STALL_TIMEOUT",
     "all_gather": "SWITCHAGG_ALL_GATHER",
     "node": "SWITCHAGG_NODE",
+    "lease": "SWITCHAGG_LEASE",
 }
 _INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port"}
-_FLOATS = {"start_timeout", "stall_timeout"}
+_FLOATS = {"start_timeout", "stall_timeout", "lease"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class Options:
     locally first and each local rank's *rail* is a switch job of its own, one worker per node.
     ``switch`` and ``control`` may list one address per rail, comma-separated (a node with a NIC per
     rail); rail ``r`` takes the ``r % len``-th.
+
+    ``lease`` (seconds; 0: none) is how long the switch keeps the group's jobs once nobody renews them:
+    rank 0 renews them while the group lives, so a program killed before it destroys its groups
+    (SIGKILL, SIGTERM, no atexit) leaves its jobs on the switch for about that long, not for ever. A
+    target that keeps no leases (the P4 ones) gets none: its jobs stay until removed.
     """
 
     switch: str | None = None
@@ -77,6 +83,7 @@ class Options:
     stall_timeout: float = 5.0
     all_gather: str = "delegate"
     node: str | None = None
+    lease: float = 10.0
 
     def __post_init__(self) -> None:
         if self.switch is None and self.config is None:
@@ -101,6 +108,9 @@ class Options:
             raise ConfigError(f"{ENV['all_gather']} = {self.all_gather!r}: use one of {', '.join(ALL_GATHER)}")
         if self.start_timeout <= 0 or self.stall_timeout <= 0:
             raise ConfigError(f"{ENV['start_timeout']} and {ENV['stall_timeout']} are seconds, more than 0")
+        if not 0 <= self.lease < float("inf"):
+            raise ConfigError(f"{ENV['lease']} = {self.lease}: give the seconds a job outlives its group's last "
+                              "renewal, more than 0 (0: no lease, the job stays until removed)")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Options:

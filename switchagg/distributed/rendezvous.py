@@ -7,6 +7,10 @@ session (:mod:`switchagg.session`), so no earlier run's sums can reach this one.
 with every rank knowing whether every other rank got through it: a failure anywhere is an error
 on every rank, saying where and why, and never a rank left waiting.
 
+Rank 0 deploys each job with a lease (``SWITCHAGG_LEASE``) and renews it from a thread of its own
+(:class:`Renewal`) until the group is shut down, so the jobs of a program killed before it destroyed
+its groups lapse on the switch instead of filling it.
+
 The keys live under the group's own prefix of the store, in a *round* of their own, so a program
 that creates its group again on the same store (torchrun's lives as long as the job) starts clean.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+import threading
 import tomllib
 import warnings
 from contextlib import suppress
@@ -36,6 +41,41 @@ from .topology import Layout, node_identity
 _ROOT = "switchagg"
 _PICK_TRIES = 8  # fresh picks of a job id and slots when another group took them between status and deploy
 _CLOSE_WAIT = timedelta(seconds=10)  # how long rank 0 waits for its peers to close before it undeploys
+RENEWALS_PER_LEASE = 3  # renewals within one lease: two may be lost or late before the job lapses
+
+
+class Renewal:
+    """Rank 0's renewals of its group's jobs' leases: a daemon thread renews each job every
+    ``lease / RENEWALS_PER_LEASE`` seconds until :meth:`stop` (the group's shutdown). A job whose target keeps
+    no leases (it was deployed without one) is dropped from the round; a renewal that fails is said once per
+    job, and tried again at the next round (a control port busy for a moment must not cost the job)."""
+
+    def __init__(self, jobs: list[tuple[Target, int]], lease: float) -> None:
+        self._jobs = list(jobs)
+        self._interval = lease / RENEWALS_PER_LEASE
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="switchagg-renew", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        warned: set[int] = set()
+        while not self._stop.wait(self._interval):
+            for target, job_id in list(self._jobs):
+                try:
+                    target.renew(job_id)
+                except UnsupportedOperation:
+                    self._jobs.remove((target, job_id))  # deployed without a lease: nothing lapses there
+                except (SwitchAggError, OSError) as exc:
+                    if job_id not in warned:
+                        warned.add(job_id)
+                        warnings.warn(f"switchagg: job {job_id}'s lease could not be renewed ({exc}); once it "
+                                      "lapses the switch removes the job and this group's sums through it fail",
+                                      stacklevel=1)
+
+    def stop(self) -> None:
+        """Renew no more (the jobs are about to be removed, or the group failed to start)."""
+        self._stop.set()
+        self._thread.join()
 
 
 @dataclass
@@ -52,6 +92,7 @@ class Formed:
     deployed: list[tuple[Target, int]]
     prefix: str
     fallback: str = ""
+    renewal: Renewal | None = None  # rank 0's, while its jobs hold leases
 
 
 def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedelta) -> Formed:
@@ -74,8 +115,11 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
         problem = str(exc)
     store.set(f"{prefix}worker/{rank}", json.dumps({"error": problem} if problem else _worker_json(worker)))
     deployed: list[tuple[Target, int]] = []
+    renewal = None
     if rank == 0:
         deployed, text = _deploy(store, prefix, layout, options, file_config, timeout)
+        if deployed and options.lease:
+            renewal = Renewal(deployed, options.lease)
         store.set(f"{prefix}jobs", text)
     reply = json.loads(_get(store, f"{prefix}jobs", timeout, "rank 0's jobs"))
     if "error" in reply or "fallback" in reply:
@@ -96,7 +140,7 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
         problem = ""
     except (SwitchAggError, OSError) as exc:
         problem = f"rank {rank}: {exc}"
-    formed = Formed(layout, config, client, deployed, prefix)
+    formed = Formed(layout, config, client, deployed, prefix, renewal=renewal)
     _agree(store, formed, rank, size, "ready", problem, timeout)
     try:
         client.join(options.start_timeout)  # type: ignore[union-attr]
@@ -134,6 +178,7 @@ def finish(store: dist.Store, rank: int, size: int, formed: Formed) -> None:
         return
     with suppress(RuntimeError):  # a peer that did not close in time: its packets are dropped once the job is gone
         store.wait([f"{formed.prefix}closed/{r}" for r in range(size)], _CLOSE_WAIT)
+    _stop_renewing(formed)  # only now: a lease lapsing while the peers close would make the undeploy below fail
     deployed, formed.deployed = formed.deployed, []
     for target, job_id in deployed:
         try:
@@ -153,10 +198,17 @@ def _agree(store: dist.Store, formed: Formed, rank: int, size: int, step: str, p
     if failed:
         if formed.client is not None:
             formed.client.close()
+        _stop_renewing(formed)
         for target, job_id in formed.deployed:
             with suppress(SwitchAggError, OSError):  # the error below says what went wrong first
                 target.undeploy(job_id)
         raise SwitchAggError("switchagg cannot start this process group, so no rank uses it: " + "; ".join(failed))
+
+
+def _stop_renewing(formed: Formed) -> None:
+    if formed.renewal is not None:
+        formed.renewal.stop()
+        formed.renewal = None
 
 
 def _get(store: dist.Store, key: str, timeout: timedelta, what: str) -> bytes:
@@ -233,8 +285,20 @@ def _job(options: Any, workers: list[dict[str, Any]]) -> JobConfig:
 def _install(options: Any, config: JobConfig) -> tuple[Target, JobConfig]:
     """Deploy ``config`` as it is (a job file's)."""
     target = _open(options, config)
-    target.deploy(config)
+    _deploy_leased(target, config, options)
     return target, config
+
+
+def _deploy_leased(target: Target, config: JobConfig, options: Any) -> None:
+    """Deploy ``config`` with the options' lease, or without one where the target keeps none (the P4 targets:
+    the job then stays until the group removes it, as it did before leases)."""
+    if not options.lease:
+        target.deploy(config)
+        return
+    try:
+        target.deploy(config, lease=options.lease)
+    except UnsupportedOperation:  # refused before the target changed anything
+        target.deploy(config)
 
 
 def _open(options: Any, config: JobConfig) -> Target:
@@ -274,7 +338,7 @@ def _install_on_one_switch(options: Any, jobs: list[JobConfig]) -> list[tuple[Ta
         try:
             for config in placed:
                 target = _open(options, config)
-                target.deploy(config)
+                _deploy_leased(target, config, options)
                 done.append((target, config))
         except ConfigError as exc:
             for target, config in done:

@@ -4,8 +4,10 @@ Requests (``op``): reads need nothing more, ``status`` (with the counters summed
 cores, what each core's shard served, what its sockets dropped, and the control port's own
 counters), and ``slots`` with ``job`` and ``slots`` (the job's own slot numbers: the one table every
 shard serves); changes need a credential: ``add_job`` with ``config`` (TOML text) needs the
-operator's control token where one is set (``token``), ``reset`` and ``remove_job`` with ``job``
-and ``key`` the installed job's key.
+operator's control token where one is set (``token``), and may carry ``lease`` (seconds: the switch
+removes the job once that long passes unrenewed) and ``owner`` (``{"host": ..., "pid": ...}``, the
+deploying process, shown by status); ``reset``, ``renew`` (the job's lease, its whole length again)
+and ``remove_job`` with ``job`` and ``key`` the installed job's key.
 A reply is an object; a request that cannot be served, for whatever reason, gets ``{"error": "..."}``
 saying why, and the connection stays open for the next one: no request ends the switch, nor the
 connection without a word.
@@ -57,9 +59,14 @@ class ServedSwitch(Protocol):
     cores: int
     num_slots: int
 
-    def add_job(self, config: JobConfig) -> int: ...
+    def add_job(self, config: JobConfig, lease: float | None = None,
+                owner: tuple[str, int] | None = None) -> int: ...
     def remove_job(self, job_id: int) -> None: ...
     def reset_job(self, job_id: int) -> int: ...
+    def renew_job(self, job_id: int) -> float: ...
+    def leases(self) -> dict[int, tuple[float, float]]: ...
+    def owners(self) -> dict[int, tuple[str, int]]: ...
+    def lease_counters(self) -> dict[str, int]: ...
     def jobs(self) -> dict[int, JobEntry]: ...
     def counters(self) -> dict[str, object]: ...
     def shard_stats(self) -> list[dict[str, int]]: ...
@@ -261,16 +268,20 @@ def _serve(switch: ServedSwitch, line: bytes, guard: Guard, peer: str) -> dict[s
 
 def _dispatch(switch: ServedSwitch, req: dict[str, Any], guard: Guard, peer: str) -> dict[str, Any]:
     op = req.get("op")
-    if op in ("add_job", "reset", "remove_job"):
+    if op in ("add_job", "reset", "renew", "remove_job"):
         guard.admit(peer)
     if op == "status":
+        entries, leases, owners = switch.jobs(), switch.leases(), switch.owners()
         jobs = {str(j): {"generation": e.generation, "slot_base": e.slot_base, "slot_count": e.slot_count,
-                         "values_per_packet": e.values_per_packet, "workers": [list(w) for w in e.workers]}
-                for j, e in switch.jobs().items()}
+                         "values_per_packet": e.values_per_packet, "workers": [list(w) for w in e.workers],
+                         "lease": ({"seconds": leases[j][0], "left": leases[j][1]} if j in leases else None),
+                         "owner": ({"host": owners[j][0], "pid": owners[j][1]} if j in owners else None)}
+                for j, e in entries.items()}
         return {"address": list(switch.address), "backend": switch.backend, "cores": switch.cores,
                 "num_slots": switch.num_slots, "jobs": jobs,
                 "counters": _str_keys(switch.counters()), "shards": switch.shard_stats(),
-                "sockets": switch.socket_counters(), "control": guard.counters()}
+                "sockets": switch.socket_counters(), "control": guard.counters(),
+                "leases": switch.lease_counters()}
     if op == "slots":
         entry = _installed(switch, req)
         slots = req.get("slots")
@@ -289,15 +300,29 @@ def _dispatch(switch: ServedSwitch, req: dict[str, Any], guard: Guard, peer: str
         config = JobConfig.from_toml(text, "'config'")
         if "key" in req and req["key"] != config.key:
             raise ConfigError("'key' differs from the key in 'config': send the job's own key, or none")
-        return {"generation": switch.add_job(config)}
+        return {"generation": switch.add_job(config, req.get("lease"), _owner(req))}
     if op == "reset":
         entry = _authorized(switch, req, guard, peer)
         return {"generation": switch.reset_job(entry.job_id)}
+    if op == "renew":
+        entry = _authorized(switch, req, guard, peer)
+        return {"lease": switch.renew_job(entry.job_id)}
     if op == "remove_job":
         entry = _authorized(switch, req, guard, peer)
         switch.remove_job(entry.job_id)
         return {}
-    raise ConfigError(f"unknown control op {op!r}: use status, slots, add_job, reset or remove_job")
+    raise ConfigError(f"unknown control op {op!r}: use status, slots, add_job, reset, renew or remove_job")
+
+
+def _owner(req: dict[str, Any]) -> tuple[str, int] | None:
+    """``add_job``'s ``owner``, checked: the deploying process's host name and pid, or None."""
+    owner = req.get("owner")
+    if owner is None:
+        return None
+    if (not isinstance(owner, dict) or not isinstance(owner.get("host"), str) or not _is_int(owner.get("pid"))
+            or len(owner["host"]) > 255):
+        raise ConfigError("'owner' is the deploying process: {\"host\": its host name, \"pid\": its pid}")
+    return owner["host"], owner["pid"]
 
 
 def _is_int(value: Any) -> bool:

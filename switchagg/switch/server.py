@@ -45,10 +45,12 @@ import ctypes
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable
 
 from ..config import Endpoint, JobConfig
 from ..errors import ConfigError
-from ..jobs import JobEntry, new_generation
+from ..jobs import JobEntry, Lease, lapsed_jobs, new_generation
 from ..transport import BATCHED_AVAILABLE, MAX_UDP, UdpSocket
 from ..wire import FIELDS, UDP_PORT
 from .control import ControlServer, check_control_address
@@ -56,6 +58,8 @@ from .model import SwitchModel
 from .native import MAX_SHARDS, NativeSwitch
 from .records import RESULTS_KEPT
 
+Owner = tuple[str, int]  # the process that deployed a job: (host name, pid)
+LEASE_COUNTERS = ("renewed", "expired")  # renewals served, jobs removed because their lease lapsed
 NUM_SLOTS = 4096  # the pool: four jobs of K = 64 with their default 1024 slots each
 OUT_PACKETS = 4096  # packets the C switch writes before they are sent: results of ~1000 contributions
 OUT_BYTES = 8 << 20  # ... and their bytes (a multicast of 1 KiB of values or more takes them once, see _switch.c)
@@ -139,13 +143,19 @@ class SoftSwitch:
     ``cores`` is how many threads serve the C switch, each from its own socket, ``steer`` which
     field picks a datagram's (``"job"`` or ``"slot"``, see the module's doc); more than one core
     needs Linux's batched sockets.
+
+    A job may hold a lease (:class:`~switchagg.jobs.Lease`, ``add_job(..., lease=seconds)``): a timer
+    thread removes the job once the lease lapses unrenewed (:meth:`renew_job`), as ``remove_job`` does,
+    so a killed program's jobs do not hold the pool. ``clock`` is the leases' (a test's own, to move
+    time on rather than wait).
     """
 
     def __init__(self, address: Endpoint | tuple[str, int] = ("127.0.0.1", UDP_PORT), *,
                  control: Endpoint | tuple[str, int] | None = None, num_slots: int = NUM_SLOTS,
                  batched: bool | None = None, batch: int = 64, native: bool = True,
                  segmentation: bool | None = None, control_public: bool = False, cores: int = 1,
-                 steer: str = "job", control_token: str | None = None) -> None:
+                 steer: str = "job", control_token: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.address = tuple(address.tuple if isinstance(address, Endpoint) else address)
         self.control_address = (control.tuple if isinstance(control, Endpoint) else control)
         if self.control_address is not None:  # refused here, before anything is bound
@@ -172,6 +182,11 @@ class SoftSwitch:
         self._control: ControlServer | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
+        self._clock = clock
+        self._leases: dict[int, Lease] = {}  # under self.lock, as the job table
+        self._owners: dict[int, Owner] = {}
+        self._lease_counts = dict.fromkeys(LEASE_COUNTERS, 0)
+        self._leases_changed = threading.Event()  # wakes the lease timer for a new deadline, or to stop
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -196,12 +211,14 @@ class SoftSwitch:
         self._threads = [threading.Thread(target=self._serve, args=(shard,), daemon=True,
                                           name="switchagg-switch" + (f"-{shard}" if self.cores > 1 else ""))
                          for shard in range(len(self._socks))]
+        self._threads.append(threading.Thread(target=self._keep_leases, daemon=True, name="switchagg-leases"))
         for thread in self._threads:
             thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        self._leases_changed.set()
         for thread in self._threads:
             thread.join()
         self._threads = []
@@ -273,18 +290,85 @@ class SoftSwitch:
                 if out:
                     sock.send(out)  # `batch` datagrams emit at most `batch` results: their values are still valid
 
+    def _keep_leases(self) -> None:
+        """The lease timer: sleeps until the earliest deadline (or a change of the leases) and calls
+        :meth:`expire`, which alone decides what lapsed. A fault is kept in ``error``, as a shard's is."""
+        try:
+            while True:
+                self._leases_changed.clear()
+                with self.lock:
+                    deadlines = [lease.deadline for lease in self._leases.values()]
+                self._leases_changed.wait(max(0.0, min(deadlines) - self._clock()) if deadlines else None)
+                if self._stop.is_set():
+                    return
+                self.expire()
+        except BaseException as exc:  # surfaced by the CLI and the tests' fixtures rather than lost
+            self.error = exc
+            raise
+
     # ---- control ---------------------------------------------------------------------------------
 
-    def add_job(self, config: JobConfig) -> int:
-        """Install a job; returns its generation (the config's, or a fresh one)."""
+    def add_job(self, config: JobConfig, lease: float | None = None, owner: Owner | None = None) -> int:
+        """Install a job; returns its generation (the config's, or a fresh one). With ``lease`` (seconds) the
+        job is removed once that long passes without a renewal; ``owner`` is recorded for status."""
         generation = config.generation or new_generation()
         with self.lock:
+            granted = None if lease is None else Lease.grant(lease, self._clock())
             self.model.add_job(JobEntry.from_config(config, generation))
+            if granted is not None:
+                self._leases[config.job_id] = granted
+            if owner is not None:
+                self._owners[config.job_id] = owner
+        self._leases_changed.set()
         return generation
 
     def remove_job(self, job_id: int) -> None:
         with self.lock:
-            self.model.remove_job(job_id)
+            self._remove(job_id)
+
+    def _remove(self, job_id: int) -> None:
+        """Remove the job and its lease and owner (under self.lock)."""
+        self.model.remove_job(job_id)
+        self._leases.pop(job_id, None)
+        self._owners.pop(job_id, None)
+
+    def renew_job(self, job_id: int) -> float:
+        """Renew the job's lease for its whole length again; returns that length (seconds)."""
+        with self.lock:
+            self.model.table.get(job_id)  # a job that is not installed: the table's error says so
+            lease = self._leases.get(job_id)
+            if lease is None:
+                raise ConfigError(f"job {job_id} holds no lease, so there is nothing to renew: it stays until it "
+                                  "is removed (deploy it with a lease to have it expire)")
+            self._leases[job_id] = lease.renewed(self._clock())
+            self._lease_counts["renewed"] += 1
+            return lease.seconds
+
+    def expire(self, now: float | None = None) -> list[int]:
+        """Remove every job whose lease has lapsed at ``now`` (by default the switch's clock), clearing its
+        slots as ``remove_job`` does, and count them; returns their ids."""
+        with self.lock:
+            gone = lapsed_jobs(self._leases, self._clock() if now is None else now)
+            for job_id in gone:
+                self._remove(job_id)
+            self._lease_counts["expired"] += len(gone)
+        return gone
+
+    def leases(self) -> dict[int, tuple[float, float]]:
+        """Each leased job's lease: its length and the seconds left of it."""
+        with self.lock:
+            now = self._clock()
+            return {job: (lease.seconds, lease.left(now)) for job, lease in self._leases.items()}
+
+    def owners(self) -> dict[int, Owner]:
+        """The process that deployed each job, where its ``add_job`` said."""
+        with self.lock:
+            return dict(self._owners)
+
+    def lease_counters(self) -> dict[str, int]:
+        """:data:`LEASE_COUNTERS`: leases renewed, and jobs removed because theirs lapsed."""
+        with self.lock:
+            return dict(self._lease_counts)
 
     def reset_job(self, job_id: int) -> int:
         """Start a new run of the job: a new generation, old state reads as empty."""

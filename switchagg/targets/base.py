@@ -1,8 +1,10 @@
 """The Target interface: what every switch that can run switchagg jobs offers its control plane.
 
 A target is one kind of switch (the embedded one, BMv2, Tofino), reached at one address. Its
-operations are the lifecycle of a job: ``deploy`` installs it, ``reset`` starts a new run (a new
-generation, so old state reads as empty), ``status`` reads its counters, ``undeploy`` removes it;
+operations are the lifecycle of a job: ``deploy`` installs it (with a lease where the target keeps
+them: the switch removes the job once the lease lapses, and ``renew`` extends it), ``reset`` starts a
+new run (a new generation, so old state reads as empty), ``status`` reads its counters, ``undeploy``
+removes it;
 ``build`` compiles the target's data plane where it has one. An operation a target does not have
 raises :class:`UnsupportedOperation`, whose message says what to do instead.
 """
@@ -49,8 +51,10 @@ class Target(abc.ABC):
         """The target reached as ``options`` say (raises when they do not say enough)."""
 
     @abc.abstractmethod
-    def deploy(self, job: JobConfig) -> int:
-        """Install ``job``; returns its generation."""
+    def deploy(self, job: JobConfig, lease: float | None = None) -> int:
+        """Install ``job``; returns its generation. With ``lease`` (seconds) the switch removes the job once
+        that long passes without a :meth:`renew`; a target that keeps no leases refuses one
+        (:class:`UnsupportedOperation`) before it changes anything."""
 
     @abc.abstractmethod
     def undeploy(self, job_id: int) -> None:
@@ -63,6 +67,15 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def status(self, job_id: int) -> JobStatus:
         """The job's parameters (None when not installed) and counters, and the switch-wide drops."""
+
+    def renew(self, job_id: int) -> None:
+        """Extend the job's lease by its whole length again (a process group's rank 0 does, while the group lives)."""
+        raise UnsupportedOperation(self._no_leases())
+
+    def _no_leases(self) -> str:
+        """What a target that keeps no leases says: why, and what to do instead."""
+        return (f"the {self.name} target keeps no leases: its control plane runs no timer to expire a job, so a job "
+                "stays until `switchagg undeploy` (or destroy_process_group) removes it; deploy it without a lease")
 
     def jobs(self) -> dict[int, tuple[int, int]]:
         """The installed jobs' slot ranges, ``{job_id: (slot_base, slot_count)}``: where a new job fits."""

@@ -19,7 +19,7 @@ from ..config import JobConfig
 from ..errors import ConfigError, SwitchAggError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
 from ..wire import VERSION, PacketType
-from .base import Target, TargetOptions
+from .base import Target, TargetOptions, UnsupportedOperation
 from .p4c import Pipeline, build
 from .p4job import (
     FLOOD_GROUP,
@@ -169,8 +169,11 @@ class Bmv2Target(Target):
     def _session(self, pipeline: Pipeline | None = None) -> P4RuntimeSession:
         return P4RuntimeSession(self.grpc_addr, self.device_id, pipeline)
 
-    def deploy(self, job: JobConfig) -> int:
-        """Install a job: admission entries, its multicast group, egress rewrites, L2 entries."""
+    def deploy(self, job: JobConfig, lease: float | None = None) -> int:
+        """Install a job: admission entries, its multicast group, egress rewrites, L2 entries. No lease (BMv2's
+        control plane here runs no timer): one given is refused, see :meth:`renew`."""
+        if lease is not None:
+            raise UnsupportedOperation(self._no_leases())
         check_config(job)
         pipe = build(self.pipeline) if self.pipeline else None
         with self._session(pipe) as sh, _no_exit(f"deploying job {job.job_id}"):

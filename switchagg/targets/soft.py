@@ -1,14 +1,18 @@
 """The embedded software switch as a target: its control port (``switchagg switch``, or a
 :class:`~switchagg.switch.server.SoftSwitch` with ``control=``).
 
-Changes to a job (``deploy``, ``reset``, ``undeploy``) carry the job's key, which the control port
-checks against the installed job's: the key comes from the config the target was opened with.
+Changes to a job (``deploy``, ``reset``, ``renew``, ``undeploy``) carry the job's key, which the control
+port checks against the installed job's: the key comes from the config the target was opened with. A
+job deployed with a lease is removed by the switch once the lease lapses unrenewed; every deploy
+records this process (host name and pid) as the job's owner, which status shows.
 Every request carries the operator's control token where one is set (``token``, by default
 ``SWITCHAGG_CONTROL_TOKEN``'s value), which a switch started with one requires to install a job.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any, ClassVar
 
 from ..config import Endpoint, JobConfig
@@ -53,8 +57,15 @@ class SoftTarget(Target):
                               f"with that job's config (--config)")
         return self.config.key
 
-    def deploy(self, job: JobConfig) -> int:
-        return self._request({"op": "add_job", "config": job.to_toml(), "key": job.key})["generation"]
+    def deploy(self, job: JobConfig, lease: float | None = None) -> int:
+        req = {"op": "add_job", "config": job.to_toml(), "key": job.key,
+               "owner": {"host": socket.gethostname(), "pid": os.getpid()}}
+        if lease is not None:
+            req["lease"] = lease
+        return self._request(req)["generation"]
+
+    def renew(self, job_id: int) -> None:
+        self._request({"op": "renew", "job": job_id, "key": self._key(job_id, "renewing")})
 
     def undeploy(self, job_id: int) -> None:
         self._request({"op": "remove_job", "job": job_id, "key": self._key(job_id, "removing")})
@@ -73,9 +84,21 @@ class SoftTarget(Target):
     def status(self, job_id: int) -> JobStatus:
         reply = self._request({"op": "status"})
         drops, backend = reply["counters"]["global"], reply.get("backend", "")
-        host = {f"{part}_{name}": n for part in ("sockets", "control") for name, n in reply.get(part, {}).items()}
+        host = {f"{part}_{name}": n for part in ("sockets", "control", "leases")
+                for name, n in reply.get(part, {}).items()}
+        every = {int(j): {"slot_base": e["slot_base"], "slot_count": e["slot_count"], "n_workers": len(e["workers"]),
+                          "lease": None if e.get("lease") is None else e["lease"]["left"], "owner": _owner(e)}
+                 for j, e in reply["jobs"].items()}
         job = reply["jobs"].get(str(job_id))
         if job is None:
-            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host)
+            return JobStatus(self.name, job_id, False, global_drops=drops, transport=backend, host_counters=host,
+                             switch_jobs=every)
         return JobStatus(self.name, job_id, True, job["generation"], job["slot_base"], job["slot_count"],
-                         len(job["workers"]), reply["counters"]["jobs"][str(job_id)], drops, backend, host)
+                         len(job["workers"]), reply["counters"]["jobs"][str(job_id)], drops, backend, host,
+                         lease=every[job_id]["lease"], owner=every[job_id]["owner"], switch_jobs=every)
+
+
+def _owner(job: dict[str, Any]) -> str:
+    """A job's owner as status shows it, "host pid N" ("" where its deploy named none)."""
+    owner = job.get("owner")
+    return "" if owner is None else f"{owner['host']} pid {owner['pid']}"

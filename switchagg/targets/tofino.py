@@ -17,7 +17,7 @@ from ..config import JobConfig
 from ..errors import ConfigError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
 from ..wire import MAX_WORKERS  # rids are job index * MAX_WORKERS + rank + 1
-from .base import Target, TargetOptions
+from .base import Target, TargetOptions, UnsupportedOperation
 from .bfrt import BfrtSession, Row, TableSession
 from .p4job import (
     FLOOD_GROUP,
@@ -123,9 +123,12 @@ class TofinoTarget(Target):
     def resources(cls, out_dir: Path) -> str:
         return resources(cls.chip, out_dir)
 
-    def deploy(self, job: JobConfig) -> int:
+    def deploy(self, job: JobConfig, lease: float | None = None) -> int:
         """Install a job: L2 and flood group, recirculation port, multicast nodes and group, egress
-        rewrites, zeroed counters, then the admission entries that let its packets in."""
+        rewrites, zeroed counters, then the admission entries that let its packets in. No lease (BfRt here runs
+        no timer): one given is refused, see :meth:`renew`."""
+        if lease is not None:
+            raise UnsupportedOperation(self._no_leases())
         check_config(job)
         recirc = recirculation_port(self.chip, job)
         with self._session() as s:
