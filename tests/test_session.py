@@ -1,7 +1,7 @@
 """The join handshake (:mod:`switchagg.session`) where earlier runs left state under its tags.
 
 Each rank's :class:`~switchagg.session.Join` runs its phases as the client does (``Client._exchange``: a
-one-chunk int32 :class:`~switchagg.protocol.Reduction` on slot 0, no call round) against the switch's
+one-chunk int32 :class:`~switchagg.protocol.Reduction` on its rung's slot, no call round) against the switch's
 reference model, which keeps every copy an earlier run left, finished or half-filled, as a switch that
 was never reset does. A run that meets such a copy must refuse the rung on every rank and climb, and must
 never take a session generation an earlier run took.
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import pytest
 
 from switchagg.payloads import Int32Payloads
 from switchagg.protocol import Reduction
@@ -33,12 +32,12 @@ def run_phase(model: SwitchModel, joins: dict[int, Join], ranks: list[int]) -> d
     for rank in ranks:
         phase = joins[rank].phase
         copies = np.zeros(JOB.slots, np.int64)
-        copies[0] = phase.copy
+        copies[phase.slot] = phase.copy
         flat = phase.values.astype(np.int32)
         outs[rank] = np.empty_like(flat)
         reds[rank] = Reduction(replace(JOB.params(rank), generation=phase.generation), Window(JOB.slots),
                                Int32Payloads(flat, outs[rank], JOB.k), n_chunks=1, first_id=0, copies=copies,
-                               now=0.0, progress_timeout=5.0)
+                               now=0.0, progress_timeout=5.0, first_slot=phase.slot)
     rows, lengths = np.empty((4, datagram_size(JOB.k)), np.uint8), np.zeros(4, np.uint32)
     for rank, red in reds.items():
         while n := red.emit(rows, lengths):
@@ -68,7 +67,7 @@ def model_with_job() -> SwitchModel:
 
 def start() -> dict[int, Join]:
     """A run's ranks, each at its first rung (under the installed generation, which a probe tells)."""
-    return {r: Join(JOB.generation, r, JOB.n, JOB.k) for r in range(JOB.n)}
+    return {r: Join(JOB.generation, r, JOB.n, JOB.k, JOB.slots) for r in range(JOB.n)}
 
 
 def join_all(model: SwitchModel, joins: dict[int, Join]) -> int:
@@ -144,20 +143,40 @@ def test_a_verdict_half_filled_by_a_run_that_died_inside_it_is_refused_by_the_ra
     join_all(model, joins)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42: a rank served an earlier run's sums climbs alone and its next "
-                   "phase replaces the copy a slower peer still needs; the peers then replace it in turn (livelock)")
 def test_a_rank_that_climbs_ahead_of_its_peers_through_an_earlier_runs_sums_does_not_strand_them():
     """An earlier run finished its handshake and stopped. The new run's rank 0 comes first: the switch
     serves it the earlier sums at once (repeats, no peer needed), so it refuses the rung and sends its
-    next rung's nonces to slot 0's copy 0 before rank 1 has sent its first. Rank 1's first nonces must
-    still reach a sum, and both ranks a session (a restart whose ranks start apart, as processes do)."""
+    next rung's nonces before the others have sent their first. Those go to the next rung's slot, so the
+    others are still served the earlier sums, follow rank 0 up the same path, and complete its rung with
+    it: every rank takes one session, not the earlier run's (a restart whose ranks start apart, as
+    processes do)."""
     model = model_with_job()
     earlier = start()
-    join_all(model, earlier)
+    earlier_session = join_all(model, earlier)
     joins = start()
     first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
     for _ in range(2):  # rank 0 alone: the earlier nonces and verdict, served as repeats
         first[0].take(run_phase(model, first, [0])[0])
     assert first[0].rungs == 1
     assert run_phase(model, first, [0]) == {}  # its next rung's nonces: counted, waiting for its peers
-    assert sorted(run_phase(model, rest, sorted(rest))) == sorted(rest)  # the others' first nonces come back
+    for _ in range(2):  # the others: the same earlier sums, and the same refusal
+        sums = run_phase(model, rest, sorted(rest))
+        assert sorted(sums) == sorted(rest)
+        for rank, join in rest.items():
+            join.take(sums[rank])
+    assert {j.rungs for j in joins.values()} == {1}
+    assert len({(j.phase.generation, j.phase.slot, j.phase.copy) for j in joins.values()}) == 1
+    assert join_all(model, joins) != earlier_session
+    assert {j.rungs for j in joins.values()} == {1}
+
+
+def test_each_rung_has_a_slot_of_its_own_until_the_job_s_slots_run_out():
+    """A rung's nonces and verdict share its slot (copies 0 and 1); the next rung moves on, wrapping
+    around the job's slots: a run that climbs fewer rungs than the job has slots replaces no copy of
+    the rungs it came by."""
+    join = Join(JOB.generation, 0, JOB.n, JOB.k, 3)
+    seen = []
+    for _ in range(8):
+        seen.append((join.phase.slot, join.phase.copy))
+        join.take(np.zeros(JOB.k, ">i4").tobytes())  # no rank's words: every rung refused
+    assert seen == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 0), (0, 1)]
