@@ -21,13 +21,19 @@ slot ``r mod S`` of the job's S slots, its nonces in copy 0 and its verdict in c
    words in it; otherwise every rank sees the same refusal and they climb to the next rung, under a
    generation drawn from this sum. A verdict that an earlier run left under the same tag holds
    none of this run's words, so no rank takes it.
+3. **Close** (slot 0's copy 1, only where the run agreed on a rung of another slot), under a
+   generation drawn from the agreed verdict: a sum of zeros that replaces the first rung's verdict,
+   which every rank has passed, so that the next run's first rung is refused at its own verdict and
+   its climb stays short (a run that joined and stopped without a call would otherwise lengthen the
+   path by a rung for the next).
 
 Each rank decides from sums that every rank received alike, so they decide alike. Climbing
 follows the path earlier runs took, so it ends where they stopped. A rank can climb that path alone
 (the switch serves a finished copy again to anyone, no peer needed) and wait at the first rung whose
-tag is fresh; a slower peer must still find every earlier rung's copy there to follow it. So each rung
-has a slot of its own: a rung's first write replaces no copy of the rungs before it, as long as the
-path is shorter than S rungs. A ``switchagg reset`` (a new installed generation) starts from a fresh
+tag is fresh; a slower peer must still find every earlier rung's copy there to follow it. So each
+rung has a slot of its own: a rung's first write replaces no copy of the rungs before it while the
+path is shorter than S rungs, and with the close a path is two rungs long unless earlier runs died
+inside their handshakes. A ``switchagg reset`` (a new installed generation) starts from a fresh
 first tag. Pure logic: the client moves the packets.
 """
 
@@ -66,6 +72,7 @@ class Join:
         self.rungs = 0
         self._sent = (0, 0)
         self._nonce_ok = False
+        self._agreed: int | None = None  # the session, once agreed where a close phase follows
         self.phase = self._nonces(base)
 
     def _row(self, words: tuple[int, int]) -> np.ndarray:
@@ -86,6 +93,9 @@ class Join:
         """The sum the current phase came back with (K big-endian int32)."""
         if self.session is not None:
             raise RuntimeError("the handshake is over")
+        if self._agreed is not None:  # the close: every rank has passed it, the sum says nothing more
+            self.session = self._agreed
+            return
         if self.phase.copy == 0:
             self._nonce_ok = self._own(result) == self._sent
             self.phase = Phase(self._draw(b"verdict", result), self.phase.slot, 1,
@@ -93,7 +103,11 @@ class Join:
             return
         flags = np.frombuffer(result, dtype=">u4", count=WORDS * self.n)[::WORDS]
         if self._own(result) == self._sent and bool((flags == 1).all()):
-            self.session = self._draw(b"session", result)
+            if self.phase.slot == 0:  # this rung's verdict replaced the first rung's own
+                self.session = self._draw(b"session", result)
+            else:
+                self._agreed = self._draw(b"session", result)
+                self.phase = Phase(self._draw(b"close", result), 0, 1, self._row((0, 0)))
             return
         self.rungs += 1
         if self.rungs >= MAX_RUNGS:

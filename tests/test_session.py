@@ -10,12 +10,14 @@ never take a session generation an earlier run took.
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from switchagg.payloads import Int32Payloads
 from switchagg.protocol import Reduction
-from switchagg.session import Join
+from switchagg.session import Join, Phase
 from switchagg.switch.model import SwitchModel
 from switchagg.window import Window
 from switchagg.wire import PacketType, datagram_size, unpack_header
@@ -180,3 +182,62 @@ def test_each_rung_has_a_slot_of_its_own_until_the_job_s_slots_run_out():
         seen.append((join.phase.slot, join.phase.copy))
         join.take(np.zeros(JOB.k, ">i4").tobytes())  # no rank's words: every rung refused
     assert seen == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 0), (0, 1)]
+
+
+def tag(join: Join) -> tuple[int, int, int]:
+    """Where a rank's current phase sums: its generation, slot and copy."""
+    return join.phase.generation, join.phase.slot, join.phase.copy
+
+
+@pytest.mark.parametrize("earlier_runs", [1, 2, 3])
+def test_a_rank_that_runs_ahead_after_any_number_of_earlier_runs_waits_where_its_peers_follow(earlier_runs):
+    """Earlier runs joined one after another and stopped (each later one climbed past the one before and
+    closed). The new run's rank 0 runs every phase the switch answers alone, until one waits for its
+    peers; the others, after it, must be served every sum it was and reach that same phase, where all
+    complete it and agree on a session no earlier run took."""
+    model = model_with_job()
+    sessions = [join_all(model, start()) for _ in range(earlier_runs)]
+    joins = start()
+    first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
+    while sums := run_phase(model, first, [0]):
+        first[0].take(sums[0])
+    while {tag(j) for j in rest.values()} != {tag(first[0])}:
+        sums = run_phase(model, rest, sorted(rest))
+        assert sorted(sums) == sorted(rest), "rank 0's phase replaced a copy its peers needed"
+        for rank, join in rest.items():
+            join.take(sums[rank])
+    assert join_all(model, joins) not in sessions
+
+
+def test_runs_that_join_and_stop_one_after_another_climb_one_rung_at_most():
+    """A run that climbed closes: it replaces the first rung's verdict, so the next run meets a fresh
+    verdict there, refuses and agrees a rung up, instead of following every earlier run's path one rung
+    further (which would wrap around the job's slots, where a rank ahead strands its peers again)."""
+    model = model_with_job()
+    sessions, rungs = [], []
+    for _ in range(2 * JOB.slots):
+        joins = start()
+        sessions.append(join_all(model, joins))
+        rungs.append(joins[0].rungs)
+    assert rungs == [0] + [1] * (2 * JOB.slots - 1) and len(set(sessions)) == len(sessions)
+
+
+def test_a_rank_that_lost_the_close_s_sum_still_finds_it_after_its_peers_first_call_began():
+    """The close replaces the first rung's verdict (slot 0's copy 1), not its nonces: copy 0 is where the
+    run's first call round goes, which the ranks that took the close send at once. A rank whose close sum
+    was lost must still be served it, after that call round's part is counted."""
+    model = model_with_job()
+    join_all(model, start())
+    joins = start()
+    while (joins[0].rungs, joins[0].phase.slot, joins[0].phase.copy) != (1, 0, 1):  # up to the close, a rung up
+        exchange(model, joins)
+    sums = run_phase(model, joins, sorted(joins))
+    for rank in (0, 2):  # rank 1's sum was lost
+        joins[rank].take(sums[rank])
+    session = joins[0].session
+    call_round = {r: SimpleNamespace(phase=Phase(session, 0, 0, np.zeros(JOB.k, ">i4"))) for r in (0, 2)}
+    assert run_phase(model, call_round, [0, 2]) == {}  # counted, waiting for rank 1's
+    again = run_phase(model, joins, [1])
+    assert again == {1: sums[1]}
+    joins[1].take(again[1])
+    assert joins[1].session == session
