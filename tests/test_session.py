@@ -9,6 +9,7 @@ never take a session generation an earlier run took.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from switchagg.switch.model import SwitchModel
 from switchagg.window import Window
 from switchagg.wire import PacketType, datagram_size, unpack_header
 
-from .simnet import Job
+from .simnet import Impairment, Job, SimNet
 
 JOB = Job(n=3, slots=4, k=8, generation=7)
 
@@ -241,3 +242,62 @@ def test_a_rank_that_lost_the_close_s_sum_still_finds_it_after_its_peers_first_c
     assert again == {1: sums[1]}
     joins[1].take(again[1])
     assert joins[1].session == session
+
+
+def agreed(joins: dict[int, Join]) -> Callable[[], bool]:
+    """Whether every rank of ``joins`` has taken its session, asked when called."""
+    return lambda: all(j.session is not None for j in joins.values())
+
+
+def lossy_join(sim: SimNet, joins: dict[int, Join], ranks: list[int], until: Callable[[], bool]) -> None:
+    """Run ``ranks``' joins over ``sim`` (its losses, duplicates and reordering) until ``until()``, as the
+    client does: each rank starts its next phase once its last one's sum came back."""
+    while not until():
+        for rank in ranks:
+            w, join = sim.workers[JOB.address(rank)], joins[rank]
+            if w.error is not None:
+                raise w.error
+            if w.red is not None and not w.red.done:
+                continue
+            if w.red is not None:
+                join.take(w.out.astype(">i4").tobytes())
+                w.red = None
+            if join.session is None:
+                phase = join.phase
+                copies = np.zeros(JOB.slots, np.int64)
+                copies[phase.slot] = phase.copy
+                flat = phase.values.astype(np.int32)
+                w.out = np.empty_like(flat)
+                sim.launch(w, Reduction(replace(JOB.params(rank), generation=phase.generation), w.window,
+                                        Int32Payloads(flat, w.out, JOB.k), n_chunks=1, first_id=0, copies=copies,
+                                        now=sim.now, progress_timeout=60.0, first_slot=phase.slot))
+        sim.run(until=sim.now + 0.05)
+
+
+@pytest.mark.parametrize("earlier_runs", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_restart_whose_ranks_start_apart_joins_through_loss_duplication_and_reordering(earlier_runs, seed):
+    """Earlier runs joined one after another and stopped (the second climbed and closed); the new run's
+    rank 0 starts alone and runs until the switch has counted a part of its (a phase that waits for its
+    peers), and only then do the others start: every datagram may be lost, doubled or overtaken, both
+    ways. Every rank must agree on one session, no earlier run's."""
+    model = model_with_job()
+    bad = Impairment(loss=0.2, dup=0.1, latency=0.001, jitter=0.004)
+    sim = SimNet(model, up=bad, down=bad, seed=seed)
+    for rank in range(JOB.n):
+        sim.add_worker(JOB, rank)
+    earlier = set()
+    for _ in range(earlier_runs):
+        joins = start()
+        lossy_join(sim, joins, list(range(JOB.n)), agreed(joins))
+        earlier |= {j.session for j in joins.values()}
+    assert len(earlier) == earlier_runs
+
+    def counted() -> int:
+        return model.counters()["jobs"][JOB.job_id]["contributions"]
+
+    joins, before = start(), counted()
+    lossy_join(sim, joins, [0], lambda: counted() > before)
+    lossy_join(sim, joins, list(range(JOB.n)), agreed(joins))
+    sessions = {j.session for j in joins.values()}
+    assert len(sessions) == 1 and not sessions & earlier
