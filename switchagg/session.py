@@ -93,7 +93,7 @@ class Join:
         """The sum the current phase came back with (K big-endian int32)."""
         if self.session is not None:
             raise RuntimeError("the handshake is over")
-        if self._agreed is not None:  # the close: every rank has passed it, the sum says nothing more
+        if self._agreed is not None:  # the close's sum: it only replaced a copy, and decides nothing
             self.session = self._agreed
             return
         if self.phase.copy == 0:
@@ -103,7 +103,7 @@ class Join:
             return
         flags = np.frombuffer(result, dtype=">u4", count=WORDS * self.n)[::WORDS]
         if self._own(result) == self._sent and bool((flags == 1).all()):
-            if self.phase.slot == 0:  # this rung's verdict replaced the first rung's own
+            if self.phase.slot == 0:  # the first rung, or one whose copies replaced the first's: no close
                 self.session = self._draw(b"session", result)
             else:
                 self._agreed = self._draw(b"session", result)
