@@ -27,7 +27,7 @@ from .errors import ClosedError, ConfigError, JobNotStarted, QuantizationError, 
 from .payloads import Int32Payloads, Prepared, Request, array_payloads, check_op, flat_payloads, is_tensor
 from .protocol import Arena, NativeReduction, Reduction, StagedPayloads, StreamParams
 from .scheduling import batch_scheduling
-from .session import Join
+from .session import Join, Phase
 from .switch.control_client import request
 from .transport import TransportStats, UdpSocket
 from .window import Window
@@ -330,24 +330,24 @@ class Client:
             if self.generation is None:
                 self._probe(timeout)
             cfg = self.config
-            join = Join(self.generation, self.rank, cfg.n_workers, cfg.values_per_packet)
+            join = Join(self.generation, self.rank, cfg.n_workers, cfg.values_per_packet, cfg.slot_count)
             while join.session is None:
-                phase = join.phase
-                join.take(self._exchange(phase.generation, phase.copy, phase.values, timeout))
+                join.take(self._exchange(join.phase, timeout))
             self.session = join.session
         return self.session
 
-    def _exchange(self, generation: int, copy: int, values: np.ndarray, timeout: float) -> bytes:
-        """One sum of the join: ``values`` (K big-endian int32) in ``copy`` of slot 0, chunk 0, under
-        ``generation``; returns the sum as it came back."""
+    def _exchange(self, phase: Phase, timeout: float) -> bytes:
+        """One sum of the join: the phase's values (K big-endian int32) in its slot and copy, chunk 0,
+        under its generation; returns the sum as it came back."""
         cfg = self.config
-        flat = values.astype(np.int32)
+        flat = phase.values.astype(np.int32)
         out = np.empty_like(flat)
         copies = np.zeros(cfg.slot_count, dtype=np.int64)
-        copies[0] = copy
-        red = Reduction(self._params(generation), self.window, Int32Payloads(flat, out, cfg.values_per_packet),
-                        n_chunks=1, first_id=0, copies=copies, now=time.monotonic(), progress_timeout=timeout,
-                        started=self._started)
+        copies[phase.slot] = phase.copy
+        red = Reduction(self._params(phase.generation), self.window,
+                        Int32Payloads(flat, out, cfg.values_per_packet), n_chunks=1, first_id=0, copies=copies,
+                        now=time.monotonic(), progress_timeout=timeout, started=self._started,
+                        first_slot=phase.slot)
         self._drive(red)
         return out.astype(">i4").tobytes()
 

@@ -141,8 +141,11 @@ class Reduction:
     def __init__(self, params: StreamParams, window: Window, payloads: Payloads, *,
                  n_chunks: int, first_id: int, copies: np.ndarray, now: float,
                  progress_timeout: float, started: bool = False,
-                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None) -> None:
+                 call: tuple[np.ndarray, bytes] | None = None, layout: Layout | None = None,
+                 first_slot: int = 0) -> None:
         """``copies[s]`` is the shadow copy of slot ``s``'s next use; this call advances it.
+        Data chunk ``d`` goes on slot ``(first_slot + d) % slot_count``: the join's phases pick their
+        slot so that a rung never replaces a copy of the rungs before it (:mod:`switchagg.session`).
 
         ``progress_timeout`` is how long the call waits for a first result and then
         for each further one before it raises: :class:`JobNotStarted` if the job never
@@ -168,7 +171,10 @@ class Reduction:
         self.mismatch: bytes | None = None  # the call round's sum, where it showed other calls than this one
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
         self._proposals = None if proposals is None else array("b", proposals.astype(np.int8).tobytes())
-        self.rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
+        if first_slot and call is not None:
+            raise ValueError("a call round's entries take the first slots: its data chunks start on slot 0")
+        self._first_slot = first_slot % params.slot_count
+        self.rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None, first_slot=self._first_slot)
         self.total = self.rounds + n_chunks
         self._copy0 = copy0.tolist()
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
@@ -253,7 +259,7 @@ class Reduction:
         if t < self.rounds:
             return t, self._copy0[t]
         d = t - self.rounds
-        slot = d % self.params.slot_count
+        slot = (self._first_slot + d) % self.params.slot_count
         use = d // self.params.slot_count + (slot < self.rounds)
         return slot, (self._copy0[slot] + use) & 1
 
@@ -681,19 +687,22 @@ class NativeReduction(_native.Stream):
                               started=self.started)
 
 
-def start_call(copies: np.ndarray, n_chunks: int, *, call_round: bool = True) -> tuple[int, np.ndarray]:
+def start_call(copies: np.ndarray, n_chunks: int, *, call_round: bool = True,
+               first_slot: int = 0) -> tuple[int, np.ndarray]:
     """The call round's size, and each slot's shadow copy at the call's start.
 
-    ``copies[s]`` is the copy of slot ``s``'s next use; it is advanced past this call's uses.
+    ``copies[s]`` is the copy of slot ``s``'s next use; it is advanced past this call's uses. Data
+    chunk ``d`` uses slot ``(first_slot + d) % len(copies)``.
     """
     s = len(copies)
     rounds = max(1, min(s, n_chunks)) if call_round else 0
     copy0 = copies.copy()
-    # data chunk d uses slot d % s: each slot q times, the first r once more (counted per slot, not
-    # per chunk: a 64 MiB call at K = 64 has 262k chunks, and arrays of them cost page faults)
+    # data chunk d uses slot (first_slot + d) % s: each slot q times, the r from first_slot on once more
+    # (counted per slot, not per chunk: a 64 MiB call at K = 64 has 262k chunks, and arrays of them cost
+    # page faults)
     q, r = divmod(n_chunks, s)
     slot = np.arange(s)
-    uses = q + (slot < r) + (slot < rounds)
+    uses = q + ((slot - first_slot) % s < r) + (slot < rounds)
     copies[:] = (copies + uses) % 2
     return rounds, copy0
 

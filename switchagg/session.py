@@ -9,7 +9,8 @@ own, random, which its workers settle before their first call. They have no chan
 switch, and no worker can tell by itself whether a copy it meets is fresh; but each can tell
 whether a sum holds *its own* fresh random words, and every worker receives the same sum of a
 copy. The handshake builds on that (``docs/protocol.md``, section 6a), in rungs of two phases,
-each an ordinary one-chunk int32 sum on the job's slot 0 in which every rank owns two words:
+each an ordinary one-chunk int32 sum (chunk 0) in which every rank owns two words. Rung ``r`` runs on
+slot ``r mod S`` of the job's S slots, its nonces in copy 0 and its verdict in copy 1:
 
 1. **Nonces** (copy 0): each rank writes a fresh 64-bit nonce. Under the first rung's tag (the
    job's installed generation, which a PROBE tells, and chunk 0) an earlier run's copy may still
@@ -20,11 +21,20 @@ each an ordinary one-chunk int32 sum on the job's slot 0 in which every rank own
    words in it; otherwise every rank sees the same refusal and they climb to the next rung, under a
    generation drawn from this sum. A verdict that an earlier run left under the same tag holds
    none of this run's words, so no rank takes it.
+3. **Close** (slot 0's copy 1, only where the run agreed on a rung of another slot), under a
+   generation drawn from the agreed verdict: a sum of zeros that replaces the first rung's verdict,
+   which every rank has passed, so that the next run's first rung is refused at its own verdict and
+   its climb stays short (a run that joined and stopped without a call would otherwise lengthen the
+   path by a rung for the next).
 
 Each rank decides from sums that every rank received alike, so they decide alike. Climbing
-follows the path earlier runs took, so it ends where they stopped; it needs more than one rung only
-where an earlier run stopped inside its own handshake. A ``switchagg reset`` (a new installed
-generation) starts from a fresh first tag. Pure logic: the client moves the packets.
+follows the path earlier runs took, so it ends where they stopped. A rank can climb that path alone
+(the switch serves a finished copy again to anyone, no peer needed) and wait at the first rung whose
+tag is fresh; a slower peer must still find every earlier rung's copy there to follow it. So each
+rung has a slot of its own: a rung's first write replaces no copy of the rungs before it while the
+path is shorter than S rungs, and with the close a path is two rungs long unless earlier runs died
+inside their handshakes. A ``switchagg reset`` (a new installed generation) starts from a fresh
+first tag. Pure logic: the client moves the packets.
 """
 
 from __future__ import annotations
@@ -42,10 +52,11 @@ MAX_RUNGS = 32  # an earlier path longer than this means something else is wrong
 
 
 class Phase(NamedTuple):
-    """One sum of the handshake: under which generation, in which copy of slot 0, with what values."""
+    """One sum of the handshake: under which generation, in which slot and copy, with what values."""
 
     generation: int
-    copy: int
+    slot: int  # the rung's: rungs mod the job's slot count
+    copy: int  # 0: the nonces, 1: the verdict
     values: np.ndarray  # K big-endian int32: this rank's two words at its place, zeros elsewhere
 
 
@@ -53,14 +64,15 @@ class Join:
     """One rank's side of the handshake; :attr:`phase` is the sum to run next, :meth:`take` its result,
     until :attr:`session` is set."""
 
-    def __init__(self, base: int, rank: int, n_workers: int, k: int) -> None:
+    def __init__(self, base: int, rank: int, n_workers: int, k: int, slots: int) -> None:
         if k < WORDS * n_workers:
             raise ValueError(f"K = {k} leaves no room for {n_workers} ranks' {WORDS} words")
-        self.base, self.rank, self.n, self.k = base, rank, n_workers, k
+        self.base, self.rank, self.n, self.k, self.slots = base, rank, n_workers, k, slots
         self.session: int | None = None
         self.rungs = 0
         self._sent = (0, 0)
         self._nonce_ok = False
+        self._agreed: int | None = None  # the session, once agreed where a close phase follows
         self.phase = self._nonces(base)
 
     def _row(self, words: tuple[int, int]) -> np.ndarray:
@@ -75,20 +87,27 @@ class Join:
 
     def _nonces(self, generation: int) -> Phase:
         nonce = secrets.randbits(64) | 1  # never all zeros: a rank that wrote nothing reads as zeros
-        return Phase(generation, 0, self._row((nonce >> 32, nonce & 0xFFFFFFFF)))
+        return Phase(generation, self.rungs % self.slots, 0, self._row((nonce >> 32, nonce & 0xFFFFFFFF)))
 
     def take(self, result: bytes) -> None:
         """The sum the current phase came back with (K big-endian int32)."""
         if self.session is not None:
             raise RuntimeError("the handshake is over")
+        if self._agreed is not None:  # the close's sum: it only replaced a copy, and decides nothing
+            self.session = self._agreed
+            return
         if self.phase.copy == 0:
             self._nonce_ok = self._own(result) == self._sent
-            self.phase = Phase(self._draw(b"verdict", result), 1,
+            self.phase = Phase(self._draw(b"verdict", result), self.phase.slot, 1,
                                self._row((int(self._nonce_ok), secrets.randbits(32) | 1)))
             return
         flags = np.frombuffer(result, dtype=">u4", count=WORDS * self.n)[::WORDS]
         if self._own(result) == self._sent and bool((flags == 1).all()):
-            self.session = self._draw(b"session", result)
+            if self.phase.slot == 0:  # the first rung, or one whose copies replaced the first's: no close
+                self.session = self._draw(b"session", result)
+            else:
+                self._agreed = self._draw(b"session", result)
+                self.phase = Phase(self._draw(b"close", result), 0, 1, self._row((0, 0)))
             return
         self.rungs += 1
         if self.rungs >= MAX_RUNGS:

@@ -192,6 +192,12 @@ class SimNet:
         w.error = None
         self._flush(w, job.address(w.rank))
 
+    def launch(self, w: Worker, red: Reduction) -> None:
+        """Start ``w`` on a reduction built elsewhere (the join's phases, whose slot and copy the join
+        picks), and send what it can at once."""
+        w.red, w.error = red, None
+        self._flush(w, w.job.address(w.rank))
+
     def _advance(self, w: Worker) -> None:
         """A staged payload's step after the reduction's (as the client's loop takes it)."""
         if isinstance(w.payloads, StagedPayloads):

@@ -23,7 +23,7 @@ from switchagg.errors import CallMismatch, ClosedError, PeerFailed
 from switchagg.window import Window
 from switchagg.wire import PacketType, unpack_header
 
-from .conftest import calls_on_ranks
+from .conftest import calls_on_ranks, run_ranks
 
 
 def allreduce(x, **kw):
@@ -40,6 +40,51 @@ def test_a_restarted_job_never_gets_the_last_runs_sums(make_job, soft_switch):
     assert all(np.all(o[0] == 10.0) for o in second)
     counters = soft_switch.counters()["jobs"][cfg.job_id]
     assert counters["results_unicast"] == 0  # nothing of the first run was served as a repeat
+
+
+def test_a_restart_whose_first_rank_climbs_the_earlier_runs_join_alone_strands_no_peer(make_job, soft_switch):
+    """The earlier run joined and stopped before any call replaced its join's copies. The next run's rank 0
+    comes alone: the switch serves it the earlier nonces and verdict as repeats, so it refuses that rung
+    and waits at the next, which the switch has counted, before rank 1 starts. Rank 1 must still be
+    served the earlier sums, follow rank 0 up, and both join one session of their own and sum in it
+    (with every rung on slot 0, rank 0's next nonces replaced the copy rank 1 needed: both timed out)."""
+    cfg = make_job(2, k=64, slot_count=16)
+
+    def join(rank: int) -> int:
+        with Client(cfg, rank, start_timeout=10, stall_timeout=3) as c:
+            return c.join()
+
+    earlier = run_ranks(2, join)
+    assert len(set(earlier)) == 1 and isinstance(earlier[0], int)
+    before = dict(soft_switch.counters()["jobs"][cfg.job_id])
+    later: list[object] = [None, None]
+
+    def join_and_sum(rank: int) -> None:
+        try:
+            with Client(cfg, rank, start_timeout=10, stall_timeout=3) as c:
+                later[rank] = c.join(), c.allreduce(np.full(100, rank + 1, np.int32))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            later[rank] = exc
+
+    first = threading.Thread(target=join_and_sum, args=(0,), daemon=True)
+    first.start()
+    deadline = time.monotonic() + 60
+    while True:  # rank 0 was served the earlier rung (2 repeats) and its next rung's nonces were counted
+        now = soft_switch.counters()["jobs"][cfg.job_id]
+        if (now["results_unicast"] - before["results_unicast"] >= 2
+                and now["contributions"] - before["contributions"] >= 1):
+            break
+        assert first.is_alive() and time.monotonic() < deadline, f"rank 0 never climbed alone: {later[0]!r}"
+        time.sleep(0.01)
+    second = threading.Thread(target=join_and_sum, args=(1,), daemon=True)
+    second.start()
+    for thread in (first, second):
+        thread.join(60)
+        assert not thread.is_alive(), "a rank hung"
+    assert all(isinstance(result, tuple) for result in later), later
+    sessions = {session for session, _ in later}
+    assert len(sessions) == 1 and sessions != set(earlier)
+    assert all(np.all(out == 3) for _, out in later)
 
 
 def test_a_restart_after_a_longer_run_is_not_dropped_as_stale(make_job):

@@ -952,19 +952,56 @@ def test_a_long_run_crosses_the_chunk_ids_wrap_around_bit_exact(impl, dtype):
 @pytest.mark.parametrize("slots", [1, 7, 1024])
 @pytest.mark.parametrize("n_chunks", [0, 1, 6, 7, 8, 1023, 1024, 1025, 5000])
 @pytest.mark.parametrize("call_round", [True, False])
-def test_start_call_flips_each_slot_s_copy_once_per_use(slots, n_chunks, call_round):
+@pytest.mark.parametrize("first_slot", [0, 5])
+def test_start_call_flips_each_slot_s_copy_once_per_use(slots, n_chunks, call_round, first_slot):
     """A call uses slot s once in its call round (the first min(S, chunks) slots, at least one) and once
-    per data chunk d with d % S == s; each use flips the slot's shadow copy, so the next call starts
-    from the copies after all of them. Counted per chunk here, per slot in start_call."""
+    per data chunk d with (first_slot + d) % S == s; each use flips the slot's shadow copy, so the next
+    call starts from the copies after all of them. Counted per chunk here, per slot in start_call."""
     from switchagg.protocol import start_call
 
     copies = np.random.default_rng(n_chunks * 31 + slots).integers(0, 2, slots).astype(np.int64)
     before = copies.copy()
-    rounds, copy0 = start_call(copies, n_chunks, call_round=call_round)
+    first_slot %= slots
+    rounds, copy0 = start_call(copies, n_chunks, call_round=call_round, first_slot=first_slot)
     assert rounds == (max(1, min(slots, n_chunks)) if call_round else 0)
     flips = np.zeros(slots, np.int64)
     for t in range(rounds):
         flips[t] += 1
     for d in range(n_chunks):
-        flips[d % slots] += 1
+        flips[(first_slot + d) % slots] += 1
     assert np.array_equal(copy0, before) and np.array_equal(copies, (before + flips) % 2)
+
+
+def test_a_call_from_a_first_slot_on_uses_the_slots_from_there_and_sums_through_them():
+    """Data chunk d goes on slot (first_slot + d) % S (the join puts each rung on a slot of its own this
+    way): each slot's uses flip its copy, a slot's next chunk waits for its previous one, and the sums
+    come back whole."""
+    from switchagg.payloads import Int32Payloads
+    from switchagg.protocol import Reduction
+    from switchagg.wire import datagram_size
+
+    job = Job(n=1, slots=4, k=16)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    x = np.arange(16 * 6, dtype=np.int32)
+    out = np.zeros_like(x)
+    copies = np.zeros(4, np.int64)
+    red = Reduction(job.params(0), Window(4), Int32Payloads(x, out, 16), n_chunks=6, first_id=0, copies=copies,
+                    now=0.0, progress_timeout=5.0, first_slot=3)
+    rows, size = np.empty((8, datagram_size(16)), np.uint8), datagram_size(16)
+    used: list[tuple[int, int, int]] = []
+    while not red.done:
+        n = red.emit(rows, np.zeros(len(rows), np.uint32))
+        assert n, "the call stopped sending before its sums were in"
+        sums = []
+        for row in rows[:n]:
+            h = unpack_header(row.tobytes())
+            used.append((h.chunk, h.slot, h.copy))
+            sums += [e.payload() for e in model.process(row.tobytes(), job.address(0))]
+        red.receive_batch(b"".join(sums), (size * np.arange(len(sums))).astype(np.uint32),
+                          np.full(len(sums), size, np.uint32), 0.0)
+    assert used == [(0, 3, 0), (1, 0, 0), (2, 1, 0), (3, 2, 0), (4, 3, 1), (5, 0, 1)]
+    assert np.array_equal(out, x) and copies.tolist() == [0, 1, 1, 0]  # slots 3 and 0 used twice
+    with pytest.raises(ValueError, match="call round"):
+        Reduction(job.params(0), Window(4), Int32Payloads(x, out, 16), n_chunks=6, first_id=0, copies=copies,
+                  now=0.0, progress_timeout=5.0, first_slot=3, call=(np.zeros(16, np.int32), bytes(64)))

@@ -1,7 +1,7 @@
 """The join handshake (:mod:`switchagg.session`) where earlier runs left state under its tags.
 
 Each rank's :class:`~switchagg.session.Join` runs its phases as the client does (``Client._exchange``: a
-one-chunk int32 :class:`~switchagg.protocol.Reduction` on slot 0, no call round) against the switch's
+one-chunk int32 :class:`~switchagg.protocol.Reduction` on its rung's slot, no call round) against the switch's
 reference model, which keeps every copy an earlier run left, finished or half-filled, as a switch that
 was never reset does. A run that meets such a copy must refuse the rung on every rank and climb, and must
 never take a session generation an earlier run took.
@@ -9,19 +9,21 @@ never take a session generation an earlier run took.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from switchagg.payloads import Int32Payloads
 from switchagg.protocol import Reduction
-from switchagg.session import Join
+from switchagg.session import Join, Phase
 from switchagg.switch.model import SwitchModel
 from switchagg.window import Window
 from switchagg.wire import PacketType, datagram_size, unpack_header
 
-from .simnet import Job
+from .simnet import Impairment, Job, SimNet
 
 JOB = Job(n=3, slots=4, k=8, generation=7)
 
@@ -33,12 +35,12 @@ def run_phase(model: SwitchModel, joins: dict[int, Join], ranks: list[int]) -> d
     for rank in ranks:
         phase = joins[rank].phase
         copies = np.zeros(JOB.slots, np.int64)
-        copies[0] = phase.copy
+        copies[phase.slot] = phase.copy
         flat = phase.values.astype(np.int32)
         outs[rank] = np.empty_like(flat)
         reds[rank] = Reduction(replace(JOB.params(rank), generation=phase.generation), Window(JOB.slots),
                                Int32Payloads(flat, outs[rank], JOB.k), n_chunks=1, first_id=0, copies=copies,
-                               now=0.0, progress_timeout=5.0)
+                               now=0.0, progress_timeout=5.0, first_slot=phase.slot)
     rows, lengths = np.empty((4, datagram_size(JOB.k)), np.uint8), np.zeros(4, np.uint32)
     for rank, red in reds.items():
         while n := red.emit(rows, lengths):
@@ -68,7 +70,7 @@ def model_with_job() -> SwitchModel:
 
 def start() -> dict[int, Join]:
     """A run's ranks, each at its first rung (under the installed generation, which a probe tells)."""
-    return {r: Join(JOB.generation, r, JOB.n, JOB.k) for r in range(JOB.n)}
+    return {r: Join(JOB.generation, r, JOB.n, JOB.k, JOB.slots) for r in range(JOB.n)}
 
 
 def join_all(model: SwitchModel, joins: dict[int, Join]) -> int:
@@ -144,20 +146,158 @@ def test_a_verdict_half_filled_by_a_run_that_died_inside_it_is_refused_by_the_ra
     join_all(model, joins)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42: a rank served an earlier run's sums climbs alone and its next "
-                   "phase replaces the copy a slower peer still needs; the peers then replace it in turn (livelock)")
 def test_a_rank_that_climbs_ahead_of_its_peers_through_an_earlier_runs_sums_does_not_strand_them():
     """An earlier run finished its handshake and stopped. The new run's rank 0 comes first: the switch
     serves it the earlier sums at once (repeats, no peer needed), so it refuses the rung and sends its
-    next rung's nonces to slot 0's copy 0 before rank 1 has sent its first. Rank 1's first nonces must
-    still reach a sum, and both ranks a session (a restart whose ranks start apart, as processes do)."""
+    next rung's nonces before the others have sent their first. Those go to the next rung's slot, so the
+    others are still served the earlier sums, follow rank 0 up the same path, and complete its rung with
+    it: every rank takes one session, not the earlier run's (a restart whose ranks start apart, as
+    processes do)."""
     model = model_with_job()
     earlier = start()
-    join_all(model, earlier)
+    earlier_session = join_all(model, earlier)
     joins = start()
     first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
     for _ in range(2):  # rank 0 alone: the earlier nonces and verdict, served as repeats
         first[0].take(run_phase(model, first, [0])[0])
     assert first[0].rungs == 1
     assert run_phase(model, first, [0]) == {}  # its next rung's nonces: counted, waiting for its peers
-    assert sorted(run_phase(model, rest, sorted(rest))) == sorted(rest)  # the others' first nonces come back
+    for _ in range(2):  # the others: the same earlier sums, and the same refusal
+        sums = run_phase(model, rest, sorted(rest))
+        assert sorted(sums) == sorted(rest)
+        for rank, join in rest.items():
+            join.take(sums[rank])
+    assert {j.rungs for j in joins.values()} == {1}
+    assert len({(j.phase.generation, j.phase.slot, j.phase.copy) for j in joins.values()}) == 1
+    assert join_all(model, joins) != earlier_session
+    assert {j.rungs for j in joins.values()} == {1}
+
+
+def test_each_rung_has_a_slot_of_its_own_until_the_job_s_slots_run_out():
+    """A rung's nonces and verdict share its slot (copies 0 and 1); the next rung moves on, wrapping
+    around the job's slots: a run that climbs fewer rungs than the job has slots replaces no copy of
+    the rungs it came by."""
+    join = Join(JOB.generation, 0, JOB.n, JOB.k, 3)
+    seen = []
+    for _ in range(8):
+        seen.append((join.phase.slot, join.phase.copy))
+        join.take(np.zeros(JOB.k, ">i4").tobytes())  # no rank's words: every rung refused
+    assert seen == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 0), (0, 1)]
+
+
+def tag(join: Join) -> tuple[int, int, int]:
+    """Where a rank's current phase sums: its generation, slot and copy."""
+    return join.phase.generation, join.phase.slot, join.phase.copy
+
+
+@pytest.mark.parametrize("earlier_runs", [1, 2, 3])
+def test_a_rank_that_runs_ahead_after_any_number_of_earlier_runs_waits_where_its_peers_follow(earlier_runs):
+    """Earlier runs joined one after another and stopped (each later one climbed past the one before and
+    closed). The new run's rank 0 runs every phase the switch answers alone, until one waits for its
+    peers; the others, after it, must be served every sum it was and reach that same phase, where all
+    complete it and agree on a session no earlier run took."""
+    model = model_with_job()
+    sessions = [join_all(model, start()) for _ in range(earlier_runs)]
+    joins = start()
+    first, rest = {0: joins[0]}, {r: j for r, j in joins.items() if r}
+    while sums := run_phase(model, first, [0]):
+        first[0].take(sums[0])
+    while {tag(j) for j in rest.values()} != {tag(first[0])}:
+        sums = run_phase(model, rest, sorted(rest))
+        assert sorted(sums) == sorted(rest), "rank 0's phase replaced a copy its peers needed"
+        for rank, join in rest.items():
+            join.take(sums[rank])
+    assert join_all(model, joins) not in sessions
+
+
+def test_runs_that_join_and_stop_one_after_another_climb_one_rung_at_most():
+    """A run that climbed closes: it replaces the first rung's verdict, so the next run meets a fresh
+    verdict there, refuses and agrees a rung up, instead of following every earlier run's path one rung
+    further (which would wrap around the job's slots, where a rank ahead strands its peers again)."""
+    model = model_with_job()
+    sessions, rungs = [], []
+    for _ in range(2 * JOB.slots):
+        joins = start()
+        sessions.append(join_all(model, joins))
+        rungs.append(joins[0].rungs)
+    assert rungs == [0] + [1] * (2 * JOB.slots - 1) and len(set(sessions)) == len(sessions)
+
+
+def test_a_rank_that_lost_the_close_s_sum_still_finds_it_after_its_peers_first_call_began():
+    """The close replaces the first rung's verdict (slot 0's copy 1), not its nonces: copy 0 is where the
+    run's first call round goes, which the ranks that took the close send at once. A rank whose close sum
+    was lost must still be served it, after that call round's part is counted."""
+    model = model_with_job()
+    join_all(model, start())
+    joins = start()
+    while (joins[0].rungs, joins[0].phase.slot, joins[0].phase.copy) != (1, 0, 1):  # up to the close, a rung up
+        exchange(model, joins)
+    sums = run_phase(model, joins, sorted(joins))
+    for rank in (0, 2):  # rank 1's sum was lost
+        joins[rank].take(sums[rank])
+    session = joins[0].session
+    call_round = {r: SimpleNamespace(phase=Phase(session, 0, 0, np.zeros(JOB.k, ">i4"))) for r in (0, 2)}
+    assert run_phase(model, call_round, [0, 2]) == {}  # counted, waiting for rank 1's
+    again = run_phase(model, joins, [1])
+    assert again == {1: sums[1]}
+    joins[1].take(again[1])
+    assert joins[1].session == session
+
+
+def agreed(joins: dict[int, Join]) -> Callable[[], bool]:
+    """Whether every rank of ``joins`` has taken its session, asked when called."""
+    return lambda: all(j.session is not None for j in joins.values())
+
+
+def lossy_join(sim: SimNet, joins: dict[int, Join], ranks: list[int], until: Callable[[], bool]) -> None:
+    """Run ``ranks``' joins over ``sim`` (its losses, duplicates and reordering) until ``until()``, as the
+    client does: each rank starts its next phase once its last one's sum came back."""
+    while not until():
+        for rank in ranks:
+            w, join = sim.workers[JOB.address(rank)], joins[rank]
+            if w.error is not None:
+                raise w.error
+            if w.red is not None and not w.red.done:
+                continue
+            if w.red is not None:
+                join.take(w.out.astype(">i4").tobytes())
+                w.red = None
+            if join.session is None:
+                phase = join.phase
+                copies = np.zeros(JOB.slots, np.int64)
+                copies[phase.slot] = phase.copy
+                flat = phase.values.astype(np.int32)
+                w.out = np.empty_like(flat)
+                sim.launch(w, Reduction(replace(JOB.params(rank), generation=phase.generation), w.window,
+                                        Int32Payloads(flat, w.out, JOB.k), n_chunks=1, first_id=0, copies=copies,
+                                        now=sim.now, progress_timeout=60.0, first_slot=phase.slot))
+        sim.run(until=sim.now + 0.05)
+
+
+@pytest.mark.parametrize("earlier_runs", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_restart_whose_ranks_start_apart_joins_through_loss_duplication_and_reordering(earlier_runs, seed):
+    """Earlier runs joined one after another and stopped (the second climbed and closed); the new run's
+    rank 0 starts alone and runs until the switch has counted a part of its (a phase that waits for its
+    peers), and only then do the others start: every datagram may be lost, doubled or overtaken, both
+    ways. Every rank must agree on one session, no earlier run's."""
+    model = model_with_job()
+    bad = Impairment(loss=0.2, dup=0.1, latency=0.001, jitter=0.004)
+    sim = SimNet(model, up=bad, down=bad, seed=seed)
+    for rank in range(JOB.n):
+        sim.add_worker(JOB, rank)
+    earlier = set()
+    for _ in range(earlier_runs):
+        joins = start()
+        lossy_join(sim, joins, list(range(JOB.n)), agreed(joins))
+        earlier |= {j.session for j in joins.values()}
+    assert len(earlier) == earlier_runs
+
+    def counted() -> int:
+        return model.counters()["jobs"][JOB.job_id]["contributions"]
+
+    joins, before = start(), counted()
+    lossy_join(sim, joins, [0], lambda: counted() > before)
+    lossy_join(sim, joins, list(range(JOB.n)), agreed(joins))
+    sessions = {j.session for j in joins.values()}
+    assert len(sessions) == 1 and not sessions & earlier
