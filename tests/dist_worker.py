@@ -92,6 +92,8 @@ def _model(kind: str, world: int) -> torch.nn.Module:
                                 torch.nn.Linear(64, 4))
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
+    if kind == "compiled ddp":  # dynamo's DDPOptimizer splits the graph at DDP's buckets; aot_eager: no C compiler
+        return torch.compile(torch.nn.parallel.DistributedDataParallel(model), backend="aot_eager")
     from torch.distributed.fsdp import fully_shard
 
     for layer in model:
@@ -219,7 +221,8 @@ def hierarchical(rank: int, queue: Any, world: int, env: list[dict[str, str]], p
     if rank == 0:
         from switchagg.targets import TargetOptions, open_target
 
-        out["switch_jobs"] = open_target("soft", TargetOptions(address=env[0]["SWITCHAGG_CONTROL"])).jobs()
+        out["switch_jobs"] = [open_target("soft", TargetOptions(address=a)).jobs()  # one address per rail, or one
+                              for a in env[0]["SWITCHAGG_CONTROL"].split(",")]
     dist.destroy_process_group()
     queue.put((rank, "result", out))
 

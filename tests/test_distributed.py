@@ -94,7 +94,7 @@ def test_collectives_through_the_switch_and_the_fallback(switch):
     assert sw.jobs() == {}, "destroy_process_group removes the job"
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "compiled ddp"])
 def test_training_through_the_backend_matches_gloo(switch, kind):
     """DDP with no comm hook, and FSDP2 whose reduce-scatter goes through the switch: gloo's losses,
     within the codec's error; an FSDP rank receives about 1/N of what it sends (its shard's sums)."""
@@ -108,7 +108,7 @@ def test_training_through_the_backend_matches_gloo(switch, kind):
         assert ours[rank]["losses"][-1] < ours[rank]["losses"][0] / 2
         sent, received = ours[rank]["sent"], ours[rank]["received"]
         assert sent > steps * gradient_bytes, "the gradients went through the switch"
-        if kind == "ddp":
+        if kind != "fsdp":
             assert received > 0.9 * sent
         else:
             assert received < 0.8 * sent, (sent, received)

@@ -4,6 +4,8 @@ the switch's slots: the layout, the slot fitting, and whole groups in spawned pr
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from switchagg import SoftSwitch
 from switchagg.distributed.topology import Layout, node_identity
 from switchagg.errors import ConfigError
 from switchagg.jobs import MIN_SHARED_SLOTS, fit_jobs
+from switchagg.loopback import free_ports
 from tests import dist_worker
 from tests.test_distributed import inputs, spawn, switch  # noqa: F401 - the fixture
 
@@ -46,9 +49,20 @@ def test_the_limits_name_the_way_around_them():
 def test_the_node_is_the_option_then_torchruns_node_rank_then_the_host():
     assert node_identity("rack1/n7", {"GROUP_RANK": "3"}) == "rack1/n7"
     assert node_identity(None, {"GROUP_RANK": "3"}) != node_identity(None, {"GROUP_RANK": "4"})
-    import socket
-
     assert node_identity(None, {}) == socket.gethostname()
+
+
+def test_options_give_each_rail_its_switch():
+    from switchagg.distributed import Options
+
+    opts = Options(switch="10.0.0.1:1,10.0.1.1:1", control="10.0.0.1:2,10.0.1.1:2")
+    assert [(opts.rail(r).switch, opts.rail(r).control) for r in range(3)] == [
+        ("10.0.0.1:1", "10.0.0.1:2"), ("10.0.1.1:1", "10.0.1.1:2"), ("10.0.0.1:1", "10.0.0.1:2")]
+    assert Options(switch="10.0.0.1:1,10.0.1.1:1", control="10.0.0.9:2").rail(1).control == "10.0.0.9:2"
+    with pytest.raises(ConfigError, match="one per switch"):
+        Options(switch="10.0.0.1:1,10.0.1.1:1", control="a:1,b:2,c:3")
+    with pytest.raises(ConfigError, match="one per rail"):
+        Options(switch="10.0.0.1:1,")
 
 
 # ---- sharing the pool ----------------------------------------------------------------------------
@@ -89,7 +103,7 @@ def test_a_group_on_two_nodes_sums_through_one_job_per_rail(switch, node_of):  #
     nodes = tuple(tuple(r for r in range(world) if node_of[r] == n) for n in (0, 1))
     assert out[0]["layout"] == {"nodes": [list(n) for n in nodes], "jobs": [[nodes[0][0], nodes[1][0]],
                                                                             [nodes[0][1], nodes[1][1]]]}
-    assert len(out[0]["switch_jobs"]) == 2 and {o["workers"] for o in out} == {2}, "two rails of one worker a node"
+    assert [len(j) for j in out[0]["switch_jobs"]] == [2] and {o["workers"] for o in out} == {2}, "a rail a job"
     assert len({o["job"] for o in out}) == 2
     for i, n in enumerate(sizes):
         for dtype in (torch.int32, torch.float32, torch.float16, torch.bfloat16):
@@ -131,8 +145,20 @@ def test_a_failed_call_raises_on_every_rank_and_the_next_call_is_paired(switch, 
         assert o["after"] == [4] * 10 and o["nan"] and o["finite"] == 4.0
 
 
+def test_two_hundred_live_groups_share_the_switch_and_every_sum_is_right(switch):  # noqa: F811
+    """torch programs make many groups (DeviceMesh, HSDP, new_subgroups): the first take the switch's
+    slots as they share them, the rest sum through the fallback; none fails."""
+    sw, env = switch
+    out = spawn(dist_worker.many_groups, env, 200, timeout=600)
+    assert sw.jobs() == {}
+    for got in out:
+        assert got["sums"] == [[3 * (i + 1)] for i in range(200)]
+    on_switch = [p for p in out[0]["places"][:200] if p is not None]
+    assert len(on_switch) == 9 and sum(n for _, n in on_switch) == 4096 - 1024, on_switch  # the world has 1024
+
+
 def test_groups_share_the_switch_and_those_that_find_it_full_sum_through_the_fallback():
-    (control,) = __import__("switchagg.loopback", fromlist=["free_ports"]).free_ports(1, 1)
+    (control,) = free_ports(1, socket.SOCK_STREAM)
     with SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", control), num_slots=256) as sw:
         env = {"SWITCHAGG_SWITCH": f"127.0.0.1:{sw.address[1]}", "SWITCHAGG_CONTROL": f"127.0.0.1:{control}"}
         out = spawn(dist_worker.many_groups, env, 6)
@@ -154,3 +180,18 @@ def test_hsdp_on_a_2d_mesh_sums_through_the_switch_on_both_dimensions(switch):  
     for rank in range(4):
         assert np.allclose(ours[rank]["losses"], gloo[rank]["losses"], rtol=1e-4, atol=0)
         assert ours[rank]["sent"] > 10 * 4 * (20 * 64 + 64 * 4) / 2, "the shards went through the switch"
+
+
+def test_each_rail_may_have_a_switch_of_its_own(switch):  # noqa: F811
+    """Nodes with a NIC per rail: SWITCHAGG_SWITCH and SWITCHAGG_CONTROL list one address per rail."""
+    first, env = switch
+    (control,) = free_ports(1, socket.SOCK_STREAM)
+    with SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", control)) as second:
+        env = {"SWITCHAGG_SWITCH": f"{env['SWITCHAGG_SWITCH']},127.0.0.1:{second.address[1]}",
+               "SWITCHAGG_CONTROL": f"{env['SWITCHAGG_CONTROL']},127.0.0.1:{control}"}
+        out = spawn(dist_worker.hierarchical, _nodes(env, [0, 0, 1, 1]), [1000], world=4)
+        assert second.jobs() == {}
+    assert [len(j) for j in out[0]["switch_jobs"]] == [1, 1], "rail 0's job on the first switch, rail 1's on the second"
+    total = sum(x.numpy().astype(np.int64) for x in inputs(torch.int32, 4000, 0, 4))
+    assert all(np.array_equal(o["all_reduce torch.int32 1000"], total[:1000]) for o in out)
+    assert first.jobs() == {}

@@ -312,16 +312,13 @@ def _place_and_install(rails: list[Any], jobs: list[JobConfig]) -> list[tuple[Ta
     by_switch: dict[tuple[str | None, str | None], list[int]] = {}
     for j, rail in enumerate(rails):
         by_switch.setdefault((rail.switch, rail.control), []).append(j)
-    done: list[tuple[Target, JobConfig]] = []
     placed: dict[int, tuple[Target, JobConfig]] = {}
     try:
         for indices in by_switch.values():
             pairs = _install_on_one_switch(rails[indices[0]], [jobs[j] for j in indices])
-            for j, pair in zip(indices, pairs, strict=True):
-                placed[j] = pair
-                done.append(pair)
+            placed.update(zip(indices, pairs, strict=True))
     except BaseException:
-        for target, config in done:
+        for target, config in placed.values():
             with suppress(SwitchAggError, OSError):
                 target.undeploy(config.job_id)
         raise
