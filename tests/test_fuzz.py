@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -49,11 +50,9 @@ SECONDS = float(os.environ.get("SWITCHAGG_FUZZ_SECONDS", "2"))
 REPLY_TIMEOUT = 30.0  # seconds the control port may take to answer one request before it counts as a hang
 
 # each header field's (offset, size) in bytes, from the one definition of the format
-OFFSETS: dict[str, tuple[int, int]] = {}
-_at = 0
-for _f in FIELDS:
-    OFFSETS[_f.name] = (_at, _f.bits // 8)
-    _at += _f.bits // 8
+_SIZES = [f.bits // 8 for f in FIELDS]
+OFFSETS = {f.name: (end - size, size) for f, size, end in zip(FIELDS, _SIZES, itertools.accumulate(_SIZES),
+                                                                strict=True)}
 
 
 @dataclass
@@ -138,14 +137,14 @@ class FuzzJob:
     entry: JobEntry
     chunk: int = 0
 
-    def contribution(self, rng: random.Random, worker: int, chunk: int, values: np.ndarray | None = None,
-                     **kw) -> bytes:
+    def contribution(self, rng: random.Random, worker: int, chunk: int, values: np.ndarray | None = None) -> bytes:
+        """``worker``'s contribution to ``chunk`` on the slot and copy its workers use (random values unless
+        given)."""
         e = self.entry
-        k = e.values_per_packet
-        values = rng_values(rng, k) if values is None else values
-        h = make_header(PacketType.CONTRIB, job=e.job_id, worker=worker, slot=kw.pop("slot", chunk % e.slot_count),
-                        copy=kw.pop("copy", chunk // e.slot_count % 2), chunk=chunk, generation=e.generation,
-                        key=e.key, exponent=kw.pop("exponent", 3), count=len(values))._replace(**kw)
+        values = rng_values(rng, e.values_per_packet) if values is None else values
+        h = make_header(PacketType.CONTRIB, job=e.job_id, worker=worker, slot=chunk % e.slot_count,
+                        copy=chunk // e.slot_count % 2, chunk=chunk, generation=e.generation, key=e.key,
+                        exponent=rng.randint(-128, 127), count=len(values))
         return h.pack() + values.astype(">i4").tobytes()
 
 
