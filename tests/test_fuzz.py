@@ -527,7 +527,9 @@ def test_the_control_port_answers_every_request_and_keeps_its_job() -> None:
         entry = sw.jobs()[config.job_id]
         configs = [loopback_job(1, values_per_packet=8, slot_count=2, slot_base=8 + 2 * i, job_id=100 + i).to_toml()
                    for i in range(3)]
-        guard = Guard()
+        # the port as it runs without a control token, and as an operator's token makes it: add_job refused
+        # unless the request carries it (never here), wrong keys and tokens counted and rate-limited per address
+        guards = (Guard(), Guard("fuzz-token"))
         with socket.create_connection(sw.control_address, timeout=REPLY_TIMEOUT) as conn:
             replies = conn.makefile("rb")
             for i in budget():
@@ -540,7 +542,7 @@ def test_the_control_port_answers_every_request_and_keeps_its_job() -> None:
                         conn.sendall(line + b"\n")
                         reply = json.loads(replies.readline())
                     else:
-                        reply = serve(sw, line + b"\n", guard, "127.0.0.1")
+                        reply = serve(sw, line + b"\n", guards[i % 2], f"127.0.0.{i % 7 + 1}")
                 except TimeoutError:
                     figures.fail("hangs", f"no reply in {REPLY_TIMEOUT} s to {line[:300]!r}")
                     break
@@ -552,6 +554,8 @@ def test_the_control_port_answers_every_request_and_keeps_its_job() -> None:
                                                                          "counters", "shards", "sockets", "control"}:
                     figures.fail("crashes", f"{line[:300]!r} got {str(reply)[:300]}")
                 figures.kinds["error replies" if "error" in reply else "results"] += 1
+                if i % 2 and "generation" in reply and json.loads(line).get("op") == "add_job":
+                    figures.fail("mismatches", f"{line[:300]!r} installed a job without the control token")
                 if sw.jobs().get(config.job_id) != entry:
                     figures.fail("mismatches", f"{line[:300]!r} changed the job: {sw.jobs().get(config.job_id)}")
                     break
