@@ -278,7 +278,9 @@ def _parse_toml(text: str, what: str) -> dict[str, Any]:
     """``text`` parsed, ``what`` naming it in errors: every way the text can fail to parse is a ConfigError
     saying what to fix, never the parser's traceback."""
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
+        _check_numbers(data)
+        return data
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{what} is not valid TOML: {exc}") from None
     except RecursionError:  # the parser recurses once per level of nesting
@@ -287,6 +289,21 @@ def _parse_toml(text: str, what: str) -> dict[str, Any]:
     except ValueError as exc:  # an integer past the digits Python converts (sys.get_int_max_str_digits)
         raise ConfigError(f"{what} holds a number too long to read ({exc}): every number in a job file fits in "
                           "32 bits; shorten it") from None
+
+
+def _check_numbers(data: dict[str, Any]) -> None:
+    """Raise ValueError, as the parser does for a decimal one, at an integer past the digits Python writes
+    out: TOML's hex, octal and binary integers are read whole however long, and the message naming the
+    field could not then show the value."""
+    todo: list[Any] = [data]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif isinstance(value, int):
+            str(value)  # the ValueError that the caller turns into the one-line error
 
 
 def _toml_value(v: Any) -> str:

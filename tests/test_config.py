@@ -154,7 +154,13 @@ def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():
      "nests arrays or tables too deep to read"),
     (GOOD.format(job="slot_base = " + "9" * 5000, worker="", extra="").encode(),
      "holds a number too long to read .*fits in 32 bits; shorten it"),
-], ids=["latin-1", "nested-arrays", "nested-tables", "5000-digits"])
+    # TOML's hex, octal and binary integers are read whole (Python limits only the decimal digits it
+    # converts), and then could not be written into the message that names them
+    (GOOD.format(job="slot_base = 0x" + "1" * 5000, worker="", extra="").encode(),
+     "holds a number too long to read .*fits in 32 bits; shorten it"),
+    (GOOD.format(job="", worker="switch_port = [0o" + "7" * 6000 + "]", extra="").encode(),
+     "holds a number too long to read"),
+], ids=["latin-1", "nested-arrays", "nested-tables", "5000-digits", "5000-hex-digits", "octal-in-an-array"])
 def test_a_file_the_parser_cannot_read_is_one_line_saying_what_to_fix(tmp_path, content, message):
     path = tmp_path / "job.toml"
     path.write_bytes(content)
