@@ -551,7 +551,8 @@ def test_the_control_port_answers_every_request_and_keeps_its_job() -> None:
                     break
                 if not isinstance(reply, dict) or not reply.keys() <= {"error", "generation", "slots", "address",
                                                                          "backend", "cores", "num_slots", "jobs",
-                                                                         "counters", "shards", "sockets", "control"}:
+                                                                         "counters", "shards", "sockets", "control",
+                                                                         "leases", "lease"}:
                     figures.fail("crashes", f"{line[:300]!r} got {str(reply)[:300]}")
                 figures.kinds["error replies" if "error" in reply else "results"] += 1
                 if i % 2 and "generation" in reply and json.loads(line).get("op") == "add_job":
