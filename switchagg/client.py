@@ -189,6 +189,17 @@ class Client:
         return self._collective_async(x, Request(cfg.values_per_packet, cfg.n_workers, op, "reduce_scatter",
                                                  self.rank), out)
 
+    def fail_async(self, error: BaseException) -> Future:
+        """Take part in the next call as a rank that cannot (a caller whose own step before the call failed):
+        its peers' call fails with :class:`~switchagg.errors.PeerFailed` and the next calls stay paired;
+        the Future holds ``error``."""
+
+        def work() -> Any:
+            self._call(None, CallDescriptor(self._seq, failed=True))
+            raise _Paired(error)
+
+        return self.submit(work)
+
     def _collective_async(self, x: Any, request: Request, out: Any) -> Future:
         """Queue the call ``request`` asks of ``x``; input that cannot be reduced fails it on every rank."""
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -162,6 +161,9 @@ class JobTable:
         self._jobs[entry.job_id] = entry
 
 
+MAX_LEASE = 86400.0  # seconds: past this a lease is no safeguard (and the switch's timer could not wait that long)
+
+
 @dataclass(frozen=True)
 class Lease:
     """A job's lease on a switch that expires jobs: it lasts ``seconds`` from its grant and from each
@@ -179,8 +181,9 @@ class Lease:
     def grant(cls, seconds: float, now: float) -> Lease:
         """A lease of ``seconds`` granted at ``now``; a ConfigError says what to send where ``seconds`` is no
         positive, finite number."""
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
-            raise ConfigError(f"lease = {seconds!r}: a lease is a number of seconds, more than 0")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_LEASE:
+            raise ConfigError(f"lease = {seconds!r}: a lease is a number of seconds, more than 0 and at most "
+                              f"{MAX_LEASE:g} (a day; renew it, or deploy without one)")
         return cls(float(seconds), now + seconds)
 
     def renewed(self, now: float) -> Lease:

@@ -92,8 +92,8 @@ def _model(kind: str, world: int) -> torch.nn.Module:
                                 torch.nn.Linear(64, 4))
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if kind == "compiled ddp":  # dynamo's DDPOptimizer splits the graph at DDP's buckets; aot_eager: no C compiler
-        return torch.compile(torch.nn.parallel.DistributedDataParallel(model), backend="aot_eager")
+    if kind == "compiled ddp":  # the model compiled (aot_eager: no C compiler), DDP's buckets through the switch
+        return torch.nn.parallel.DistributedDataParallel(torch.compile(model, backend="aot_eager"))
     from torch.distributed.fsdp import fully_shard
 
     for layer in model:
@@ -227,16 +227,24 @@ def hierarchical(rank: int, queue: Any, world: int, env: list[dict[str, str]], p
     queue.put((rank, "result", out))
 
 
-def failing_rail(rank: int, queue: Any, world: int, env: list[dict[str, str]], port: int) -> None:
-    """One rail's switch call fails (the last rank hands its client what it cannot sum): every rank's
-    call fails, the next is paired as ever, and NaN on one rank reaches every rank as allreduce's does."""
+def failing_rail(rank: int, queue: Any, world: int, env: list[dict[str, str]], port: int, own_step: bool) -> None:
+    """One rail's switch call fails (the last rank hands its client what it cannot sum, then its step
+    before the call raises on that rank alone): every rank's call fails, the next is paired as ever, and
+    NaN on one rank reaches every rank as allreduce's does."""
     _init(rank, world, env, port)
     pg = dist.group.WORLD
-    if rank == world - 1:
-        sane = pg.client.allreduce_async
-        pg.client.allreduce_async = lambda x, op, out: sane(x, op="max", out=out)  # an op the client refuses
+    sane = pg.client.allreduce_async
+
+    def broken(x: torch.Tensor, op: str, out: torch.Tensor) -> Any:
+        raise RuntimeError("this rank's own step failed")
+
+    faults = [lambda x, op, out: sane(x, op="max", out=out)] * 2  # an op the client refuses
+    if own_step:  # a hierarchical group's first stage raising on one rank: the rail and the node still hear
+        faults[1] = broken
     errors = []
-    for _ in range(2):
+    for fault in faults:
+        if rank == world - 1:
+            pg.client.allreduce_async = fault
         try:
             dist.all_reduce(torch.ones(4000))
             errors.append("no error")

@@ -287,7 +287,10 @@ class Clock:
 
 
 def test_wrong_keys_are_counted_and_an_address_past_the_limit_is_refused_unchecked(make_job, soft_switch):
+    """Past the limit, changes to that job from that address wait unchecked; another job's (a group on the
+    same host renewing its own) and add_job (whose credential is the token) do not."""
     cfg = make_job(2, k=64)
+    other = make_job(2, k=64, job_id=2, slot_base=16)
     clock = Clock()
     server = ControlServer(("127.0.0.1", 0), soft_switch, guard=Guard(failures=3, window=10.0, clock=clock))
     try:
@@ -297,13 +300,16 @@ def test_wrong_keys_are_counted_and_an_address_past_the_limit_is_refused_uncheck
             with pytest.raises(ConfigError, match="'key' is not job 1's key"):
                 request(control, reset)
         generation = soft_switch.jobs()[cfg.job_id].generation
-        for req in (reset, {**reset, "key": cfg.key}, {"op": "add_job", "config": cfg.to_toml()}):
-            with pytest.raises(ConfigError, match=r"3 wrong keys or tokens from 127.0.0.1 within 10 s: changes from it "
-                                                  r"are refused unchecked for 10.0 s more"):
+        for req in (reset, {**reset, "key": cfg.key}):
+            with pytest.raises(ConfigError, match=r"3 wrong keys or tokens from 127.0.0.1 \(job 1\) within 10 s: "
+                                                  r"changes from it are refused unchecked for 10.0 s more"):
                 request(control, req)
         assert soft_switch.jobs()[cfg.job_id].generation == generation  # even the right key waits
+        request(control, {"op": "reset", "job": other.job_id, "key": other.key})
+        with pytest.raises(ConfigError, match="job 2 is already installed"):  # checked, not rate-limited
+            request(control, {"op": "add_job", "config": other.to_toml()})
         counters = request(control, {"op": "status"})["control"]  # reads are not limited
-        assert counters["auth_failures"] == 3 and counters["rate_limited"] == 3
+        assert counters["auth_failures"] == 3 and counters["rate_limited"] == 2
         clock.now += 10.0
         assert request(control, {**reset, "key": cfg.key})["generation"] != generation
     finally:
@@ -379,7 +385,8 @@ def test_a_lease_lapses_at_its_deadline_and_a_renewal_moves_the_deadline_on():
     assert renewed == Lease(10.0, 118.0) and renewed.left(200.0) == 0.0
     leases = {3: renewed, 1: lease, 2: Lease.grant(0.5, 109.0)}
     assert lapsed_jobs(leases, 109.4) == [] and lapsed_jobs(leases, 110.0) == [1, 2]
-    for seconds in (0, -1, float("nan"), float("inf"), "10", True, None):
+    assert Lease.grant(86400, 0.0).deadline == 86400.0
+    for seconds in (0, -1, float("nan"), float("inf"), 86401, 1e10, "10", True, None):
         with pytest.raises(ConfigError, match="a lease is a number of seconds, more than 0"):
             Lease.grant(seconds, 0.0)
 
@@ -436,6 +443,7 @@ def test_a_job_without_a_lease_stays_and_p4_targets_refuse_a_lease_saying_what_t
 @pytest.mark.parametrize("req, message", [
     ({"lease": 0}, "a lease is a number of seconds, more than 0"),
     ({"lease": "10"}, "a lease is a number of seconds"),
+    ({"lease": 1e10}, "at most 86400 \\(a day"),  # the switch's timer cannot wait that long: it would end the switch
     ({"owner": "me"}, "'owner' is the deploying process"),
     ({"owner": {"host": "h", "pid": "1"}}, "'owner' is the deploying process"),
 ])

@@ -63,8 +63,12 @@ class SwitchAggProcessGroup(dist.ProcessGroup):
         self.formed: Formed | None = form(store, rank, size, options, timeout)
         self._hierarchy: Hierarchy | None = None
         if self.formed.client is not None and self.formed.layout.hierarchical:
-            self._hierarchy = Hierarchy(store, self.formed.prefix, self.formed.layout, rank, self.formed.client,
-                                        timeout)
+            try:
+                self._hierarchy = Hierarchy(store, self.formed.prefix, self.formed.layout, rank, self.formed.client,
+                                            timeout)
+            except BaseException:  # the node's groups did not form: remove the jobs, stop renewing them
+                self.shutdown()
+                raise
         atexit.register(_shut_down, weakref.ref(self))  # a program that never calls destroy_process_group
 
     @property

@@ -71,14 +71,13 @@ class Hierarchy:
         s = -(-n // width)
         dtype = _exact(t.dtype)
 
-        def reduce_in_node() -> tuple[torch.Tensor, Future]:
+        def reduce_in_node() -> Future:
             buf = torch.zeros(width * s, dtype=dtype, device=t.device)
             buf[:n].copy_(flat)
-            shard = torch.empty(s + 1, dtype=dtype, device=t.device)  # the last value: this rail's outcome
             _wait(self._groups(t)[0]._reduce_scatter_base(shard[:s], buf, _sum()), t)
-            return shard, self.client.allreduce_async(shard[:s], op="sum", out=shard[:s])
+            return self.client.allreduce_async(shard[:s], op="sum", out=shard[:s])
 
-        def gather_in_node(shard: torch.Tensor, switch: Future) -> torch.Tensor:
+        def gather_in_node(switch: Future) -> torch.Tensor:
             error = _outcome(switch)
             shard[s] = 0 if error else 1
             rows = torch.empty(width, s + 1, dtype=dtype, device=t.device)
@@ -88,7 +87,8 @@ class Hierarchy:
             flat.copy_(total / self.size if mean else total)
             return t
 
-        return self._staged(reduce_in_node, gather_in_node)
+        shard = torch.empty(s + 1, dtype=dtype, device=t.device)  # the last value: this rail's outcome
+        return self._staged(t, reduce_in_node, gather_in_node)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, mean: bool) -> Future:
         """``output`` := this rank's rows of the sum (or mean) of ``input`` over the group; the Future holds it."""
@@ -96,14 +96,13 @@ class Hierarchy:
         dtype = _exact(input.dtype)
         order = torch.tensor([r for rail in self.layout.jobs for r in rail], device=input.device)
 
-        def reduce_in_node() -> tuple[torch.Tensor, Future]:
+        def reduce_in_node() -> Future:
             rows = input.reshape(self.size, m).index_select(0, order).to(dtype)  # rail by rail, node by node
             mine = torch.empty(nodes * m, dtype=dtype, device=input.device)
             _wait(self._groups(input)[0]._reduce_scatter_base(mine, rows.view(-1), _sum()), input)
-            shard = torch.empty(m, dtype=dtype, device=input.device)
-            return shard, self.client.reduce_scatter_async(mine, op="sum", out=shard)
+            return self.client.reduce_scatter_async(mine, op="sum", out=shard)
 
-        def agree_in_node(shard: torch.Tensor, switch: Future) -> torch.Tensor:
+        def agree_in_node(switch: Future) -> torch.Tensor:
             error = _outcome(switch)
             flags = torch.empty(width, dtype=torch.int32, device=input.device)
             mine = torch.full((1,), 0 if error else 1, dtype=torch.int32, device=input.device)
@@ -112,34 +111,60 @@ class Hierarchy:
             output.view(-1).copy_(shard / self.size if mean else shard)
             return output
 
-        return self._staged(reduce_in_node, agree_in_node)
+        shard = torch.empty(m, dtype=dtype, device=input.device)
+        return self._staged(input, reduce_in_node, agree_in_node)
 
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _groups(self, t: torch.Tensor) -> tuple[Any, Any]:
         return self._node[t.device.type]
 
-    def _staged(self, first: Callable[[], tuple[torch.Tensor, Future]],
-                last: Callable[[torch.Tensor, Future], torch.Tensor]) -> Future:
-        """Run ``first`` on the node's first stage, then ``last`` on its second; the Future holds ``last``'s value."""
-        result: Future = Future()
+    def _staged(self, t: torch.Tensor, first: Callable[[], Future], last: Callable[[Future], torch.Tensor]) -> Future:
+        """Run ``first`` (the node's reduce-scatter, then the rail's call, whose Future it returns) on the
+        first stage and ``last`` on the second; the Future holds ``last``'s value.
 
-        def run_last(shard: torch.Tensor, switch: Future) -> None:
+        Every stage runs on every rank whatever fails before it, so the calls stay paired: where
+        ``first`` fails on this rank alone, the rail's call is still taken part in, as a rank that
+        cannot (its peers fail it), and the node's gather still carries this rank's outcome. On a GPU
+        the stages run one after the other on one thread (two NCCL communicators issued from two
+        threads could be issued in different orders on different ranks), after the caller's stream
+        has produced ``t``.
+        """
+        result: Future = Future()
+        ready = None
+        if t.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(t.device))
+
+        def run_last(switch: Future) -> None:
             try:
-                result.set_result(last(shard, switch))
+                result.set_result(last(switch))
             except BaseException as exc:  # noqa: BLE001 - the call's outcome
                 result.set_exception(exc)
 
         def run_first() -> None:
             try:
-                shard, switch = first()
-            except BaseException as exc:  # noqa: BLE001 - the call's outcome
-                result.set_exception(exc)
-                return
-            self._out.submit(run_last, shard, switch)
+                if ready is not None:
+                    ready.synchronize()
+                switch = first()
+            except BaseException as exc:  # noqa: BLE001 - this rank's alone, perhaps: its rail still hears of it
+                switch = self._failed(exc)
+            if ready is None:
+                self._out.submit(run_last, switch)
+            else:
+                run_last(switch)
 
         self._in.submit(run_first)
         return result
+
+    def _failed(self, error: BaseException) -> Future:
+        """This rank's part in its rail's call, where it has nothing to send: the peers' call fails too."""
+        try:
+            return self.client.fail_async(error)
+        except BaseException as exc:  # noqa: BLE001 - a closed client: the call's outcome here
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return failed
 
     def _raise_if_failed(self, error: BaseException | None, outcomes: torch.Tensor) -> None:
         """Raise on every local rank where any rail's call failed: this rank's own error, or which rails failed."""

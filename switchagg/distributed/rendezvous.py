@@ -65,7 +65,7 @@ class Renewal:
                     target.renew(job_id)
                 except UnsupportedOperation:
                     self._jobs.remove((target, job_id))  # deployed without a lease: nothing lapses there
-                except (SwitchAggError, OSError) as exc:
+                except Exception as exc:  # noqa: BLE001 - any fault: said, and tried again next round
                     if job_id not in warned:
                         warned.add(job_id)
                         warnings.warn(f"switchagg: job {job_id}'s lease could not be renewed ({exc}); once it "

@@ -269,7 +269,7 @@ def _serve(switch: ServedSwitch, line: bytes, guard: Guard, peer: str) -> dict[s
 def _dispatch(switch: ServedSwitch, req: dict[str, Any], guard: Guard, peer: str) -> dict[str, Any]:
     op = req.get("op")
     if op in ("add_job", "reset", "renew", "remove_job"):
-        guard.admit(peer)
+        guard.admit(_asker(peer, req))
     if op == "status":
         entries, leases, owners = switch.jobs(), switch.leases(), switch.owners()
         jobs = {str(j): {"generation": e.generation, "slot_base": e.slot_base, "slot_count": e.slot_count,
@@ -349,8 +349,16 @@ def _authorized(switch: ServedSwitch, req: dict[str, Any], guard: Guard, peer: s
         raise ConfigError(f"{req['op']} of job {entry.job_id} needs 'key': the job's key from its config")
     if not 0 <= key <= 0xFFFFFFFF or not secrets.compare_digest(key.to_bytes(4, "big"),
                                                                  entry.key.to_bytes(4, "big")):
-        raise guard.refuse(peer, f"'key' is not job {entry.job_id}'s key: send the key of the job's config")
+        raise guard.refuse(_asker(peer, req),
+                           f"'key' is not job {entry.job_id}'s key: send the key of the job's config")
     return entry
+
+
+def _asker(peer: str, req: dict[str, Any]) -> str:
+    """Whose wrong keys a request's are counted with: an address's for ``add_job`` (the operator's token),
+    an address's for one job otherwise. Every process on a host shares its address, so a process that
+    keeps sending a stale key must not lock out another group's renewals of its own job."""
+    return peer if req.get("op") == "add_job" else f"{peer} (job {req.get('job')!r})"
 
 
 def _str_keys(obj: Any) -> Any:
