@@ -107,15 +107,16 @@ def two_nodes(per_node: int, script: list[str], env: dict[str, str], logs: Path)
 
 @pytest.mark.parametrize("mode", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
 def test_torchrun_on_two_nodes_reduces_in_each_node_first_and_trains_as_gloo_does(env, mode, tmp_path):
-    """Two torchrun agents, two ranks each: each rail a switch job of two workers (one per node). gloo's
-    baseline is the same four ranks under one agent (the losses depend on the ranks, not on the agents;
-    gloo under two agents on one host now and then aborts a rank at its exit, in torch's own teardown)."""
+    """Two torchrun agents, two ranks each: each rail a switch job of two workers (one per node). The
+    baseline is the same four ranks under one agent, one flat job, whose training matches gloo's
+    (tests/test_distributed.py); the script under gloo itself aborts a rank at its exit now and then
+    on this two-core box ("terminate called without an active exception", in torch's teardown)."""
     script = ["examples/train.py", "--steps", "40", *mode]
     ours = two_nodes(2, script, env, tmp_path)[0]
     (port,) = free_ports(1, socket.SOCK_STREAM)
-    gloo = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(port),
-                *script, "--backend", "gloo"], env)
-    assert "switch jobs: 2 rails of 2 nodes" in ours, ours
-    losses, expected = ([float(x) for x in re.findall(r"loss (\d+\.\d+)", out)] for out in (ours, gloo))
+    flat = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(port),
+                *script], env)
+    assert "switch jobs: 2 rails of 2 nodes" in ours and "switch jobs" not in flat, (ours, flat)
+    losses, expected = ([float(x) for x in re.findall(r"loss (\d+\.\d+)", out)] for out in (ours, flat))
     assert len(losses) == 2 and losses[-1] < losses[0], ours
-    assert losses == pytest.approx(expected, rel=1e-3), (ours, gloo)
+    assert losses == pytest.approx(expected, rel=1e-3), (ours, flat)
