@@ -290,7 +290,7 @@ def batched(native: NativeSwitch, traffic: list[tuple[bytes, tuple[str, int]]]) 
     """What the C switch sends for ``traffic`` taken as one receive batch (tests/test_switch_model.py's
     arrays), with out arrays that hold a few multicasts, so that it stops and resumes mid-batch."""
     batch = batch_of(traffic)
-    room = MAX_WORKERS * max(HEADER_SIZE, *(len(data) for data, _ in traffic))
+    room = MAX_WORKERS * max([HEADER_SIZE, *(len(data) for data, _ in traffic)])  # a round may be empty
     out = Out(2 * MAX_WORKERS, 2 * room)
     got, start = [], 0
     while start < len(traffic):
