@@ -41,7 +41,6 @@ class Hierarchy:
         self.local_rank, self.local_size = node.index(rank), len(node)
         self.size = sum(map(len, layout.nodes))
         self.node_index = layout.nodes.index(node)
-        self.rail = layout.jobs[self.local_rank]
         # Two intra-node groups per device type: one for the reduce-scatters, one for the gathers.
         self._node: dict[str, tuple[Any, Any]] = {}
         stores = [dist.PrefixStore(f"{prefix}node/{self.node_index}/{stage}/", store) for stage in ("in", "out")]
