@@ -165,6 +165,7 @@ typedef struct {
     long taken, settled;
     double longest, shortest, settled_shortest;
     long probes;          /* tail loss probes sent since the last new result */
+    Py_ssize_t quiet_from;  /* the order of the first send after the call's last silence (a probe or timeout) */
     double probe_from;    /* the last new result or probe: the next probe waits from here */
     double first_result;  /* when this call's first result came */
     int stalled;          /* a packet was resent for an RTO of silence since the last new result */
@@ -251,17 +252,19 @@ static long win_size(const Win *w) {
 /* Window.on_results: `count` results of packets sent once, taken together at `now` (a receive batch) */
 static void win_on_results(Win *w, double now, long count, double longest, double shortest, long settled,
                            double settled_shortest) {
-    if (!w->has_srtt) {
-        w->srtt = longest;
-        w->rttvar = longest / 2;
-        w->has_srtt = 1;
-    } else {
-        w->rttvar = 0.75 * w->rttvar + 0.25 * fabs(w->srtt - longest);
-        w->srtt = 0.875 * w->srtt + 0.125 * longest;
+    if (longest >= 0) {  /* a round trip of the path among them (-inf: none, they waited for a recovery) */
+        if (!w->has_srtt) {
+            w->srtt = longest;
+            w->rttvar = longest / 2;
+            w->has_srtt = 1;
+        } else {
+            w->rttvar = 0.75 * w->rttvar + 0.25 * fabs(w->srtt - longest);
+            w->srtt = 0.875 * w->srtt + 0.125 * longest;
+        }
+        w->min_rtt = dmin(w->min_rtt, shortest);
+        w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
     }
-    w->min_rtt = dmin(w->min_rtt, shortest);
     w->since_loss = w->since_loss + count < LOSSY_RESULTS ? w->since_loss + count : LOSSY_RESULTS;
-    w->rto = dmin(w->max_rto, dmax(w->min_rto, w->srtt + dmax(4 * w->rttvar, w->srtt / 2)));
     if (settled) {
         if (!w->delay_samples)  /* a round trip's results, from the first on */
             w->delay_until = now + 2 * dmin(settled_shortest, w->recent_rtt);
@@ -792,9 +795,24 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     uint32_t bitmap = get32(p + OFF_KEY);
     long retries = e->retries;
     if (!(bitmap >> s->worker & 1) || bitmap == s->all) {
+        /* lost, and so is what went with it: the packets sent once no later than its first send go too
+         * (Reduction._receive_pending) */
+        double first_send = s->resends[t].first_send;
         unlist(s, t);
         s->retransmissions++;
-        return send_entry(s, t, now, retries, SENT);
+        if (send_entry(s, t, now, retries, SENT) < 0)
+            return -1;
+        Entry *entries = s->entries;
+        for (uint32_t u = s->sends.head, next; u != NONE; u = next) {
+            next = entries[u].link[SENDS][NEXT];  /* u moves to the end, as a resend, where it is not taken again */
+            if (entries[u].retries || entries[u].last_send > first_send)
+                continue;
+            unlist(s, u);
+            s->retransmissions++;
+            if (send_entry(s, u, now, 1, SENT) < 0)
+                return -1;
+        }
+        return 0;
     }
     /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
     e->state = WAITING;
@@ -898,14 +916,17 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         take_sums(s, p + HEADER_SIZE, t);
     }
     double sent = e->last_send;
-    if (e->retries == 0) {  /* a round trip for the window, which learns once the batch is in (end_batch) */
+    if (e->retries == 0) {  /* the window learns once the batch is in (end_batch) */
         double rtt = now - sent;
         s->taken++;
-        s->longest = dmax(s->longest, rtt);
-        s->shortest = dmin(s->shortest, rtt);
-        if (sent >= s->first_result) {
-            s->settled++;
-            s->settled_shortest = dmin(s->settled_shortest, rtt);
+        /* a round trip of the path only where it waited for no recovery (Reduction._receive) */
+        if (e->order >= s->quiet_from && (e->order > s->rack_order || rtt <= s->rack_rtt + s->w.min_rtt / 4)) {
+            s->longest = dmax(s->longest, rtt);
+            s->shortest = dmin(s->shortest, rtt);
+            if (sent >= s->first_result) {
+                s->settled++;
+                s->settled_shortest = dmin(s->settled_shortest, rtt);
+            }
         }
         if (e->order > s->rack_order) {
             s->rack_order = e->order;
@@ -915,8 +936,18 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         double first_send = s->resends[t].first_send;
         win_undo(&s->w);
         win_on_result(&s->w, now - first_send, now, first_send >= s->first_result);
-    } else if (s->w.min_rtt < INFINITY) {  /* ambiguous: no round trip, but how long a resent packet waits */
-        win_on_resend_result(&s->w, now - s->resends[t].resent_at);  /* (before any round trip, mostly peers starting) */
+    } else {
+        if (s->w.min_rtt < INFINITY)  /* ambiguous: no round trip, but how long a resent packet waits */
+            win_on_resend_result(&s->w, now - s->resends[t].resent_at);  /* (before any, mostly peers starting) */
+        if (e->state == SENT && e->order > s->rack_order && s->sends.head != NONE && s->w.min_rtt < INFINITY) {
+            /* RACK from a resent contribution's result; one that ends a silence gives what is out a probe
+             * timeout from now (Reduction._receive) */
+            double rtt = now - sent;
+            if (s->probes)
+                rtt = dmax(rtt, now - s->entries[s->sends.head].last_send + probe_timeout(&s->w));
+            s->rack_order = e->order;
+            s->rack_rtt = rtt;
+        }
     }
     s->last_progress = s->probe_from = now;
     s->first_result = dmin(s->first_result, now);
@@ -1028,12 +1059,13 @@ static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
             best = oldest;
             *when = e[oldest].last_send + s->rack_rtt + s->w.min_rtt / 4;
             *why = LOST;
-        } else if (s->started && (s->n_in_flight <= EARLY_PROBE || (s->n_done && s->n_in_flight < win_size(&s->w)))) {
-            uint32_t newest = s->sends.tail;
-            while (newest != NONE && e[newest].retries)
-                newest = e[newest].link[SENDS][PREV];
-            if (newest != NONE) {
-                best = newest;
+        } else if (s->started && (!s->probes || s->n_in_flight <= EARLY_PROBE)) {
+            /* a probe: the oldest packet sent once (Reduction._next_loss) */
+            uint32_t first = oldest;
+            while (first != NONE && e[first].retries)
+                first = e[first].link[SENDS][NEXT];
+            if (first != NONE) {
+                best = first;
                 *when = s->probe_from + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
                 *why = PROBE;
             }
@@ -1073,16 +1105,17 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             return NULL;
         Py_RETURN_TRUE;
     }
-    int changed = 0;
+    int changed = 0, lost = 0;  /* the losses found at one tick are one loss (a run), counted once */
     double when;
     int why;
     for (Py_ssize_t t = next_loss(s, &when, &why); t >= 0 && when <= now; t = next_loss(s, &when, &why)) {
+        if (why != LOST)  /* silence: what is out now waited for it, and tells no round trip */
+            s->quiet_from = s->n_sends;
         if (why == PROBE) {  /* no sign of loss yet: the window stays */
             s->probes++;
             s->probe_from = now;
         } else if (why == LOST || s->entries[t].retries) {  /* random loss, or a resent packet lost again */
-            s->w.losses++;  /* Window.on_loss */
-            s->w.since_loss = 0;
+            lost = 1;
         } else {  /* a packet sent once timed out */
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
                 Py_ssize_t lowest = 0;
@@ -1112,6 +1145,10 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             s->retransmissions++;
         if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT) < 0)
             return PyErr_NoMemory();
+    }
+    if (lost) {  /* Window.on_loss */
+        s->w.losses++;
+        s->w.since_loss = 0;
     }
     s->window_changed |= changed;
     if (call_over(s) && hand_back(s) < 0)
@@ -1308,6 +1345,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->timers.head = s->timers.tail = s->sends.head = s->sends.tail = s->fill_last = NONE;
     write_call_header(s);
     s->rack_order = -1;
+    s->quiet_from = 0;
     s->probe_from = now;
     s->first_result = INFINITY;
     start_batch(s);

@@ -202,6 +202,7 @@ class Reduction:
         # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
+        self._quiet_from = 0  # the order of the first send after the call's last silence (a probe or timeout)
         self._probe_from = now  # the last new result or probe: the next probe waits from here
         self._first_result = math.inf  # when this call's first result came
         self._stalled = False  # a packet went again for an RTO of silence since the last new result
@@ -441,8 +442,13 @@ class Reduction:
         if entry is None or entry[6] != ASKED or (h.slot, h.copy) != self._slot_copy(t):
             return  # not the answer it waits for
         if not h.key >> self.params.worker & 1 or h.key == self._all:
-            self.retransmissions += 1
-            self._send(t, now, entry[1])
+            # Lost, and so is what went with it: a run (a GSO batch, a queue's overflow) takes the packets
+            # sent with this one, whose results have not come either; they go again now, not after a
+            # query each (the packets sent once no later than this one's first send).
+            run = [u for u, e in self._outstanding.items() if not e[1] and e[0] <= entry[2]]
+            for u in [t, *run]:
+                self.retransmissions += 1
+                self._send(u, now, self._outstanding[u][1] if u == t else 1)
             return
         # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
         # (RACK), and the timer backs that up.
@@ -486,21 +492,43 @@ class Reduction:
             d = t - self.rounds
             prev = self._prev(t)
             self.payloads.decode(d, EXP_NONE if prev is None else self._agreed[prev], values)
-        if retries == 0:  # a round trip for the window, which learns once the batch is in (receive_batch)
+        if retries == 0:  # the window learns once the batch is in (receive_batch)
             rtt = now - sent
             self._taken += 1
-            self._longest, self._shortest = max(self._longest, rtt), min(self._shortest, rtt)
-            if sent >= self._first_result:
-                self._settled += 1
-                self._settled_shortest = min(self._settled_shortest, rtt)
+            # A round trip of the path only where the result neither came later than a later packet's
+            # allows (by more than the reorder window: it waited for a lost contribution's resend, its
+            # own or a peer's) nor was out while the call went silent (it waited out a lost run, or a
+            # stalled peer): such waits are recovery's, and taken for round trips they grew the RTO to
+            # its maximum and shrank the window as a queue (in namespaces losing GSO batches whole,
+            # calls of 40 ms took 20-40 s).
+            if order >= self._quiet_from and (order > self._rack_order
+                                              or rtt <= self._rack_rtt + self.window.reorder_window):
+                self._longest, self._shortest = max(self._longest, rtt), min(self._shortest, rtt)
+                if sent >= self._first_result:
+                    self._settled += 1
+                    self._settled_shortest = min(self._settled_shortest, rtt)
             if order > self._rack_order:
                 self._rack_order, self._rack_rtt = order, rtt
         elif state != WAITING and self.window.is_spurious(now - sent):
             self.window.undo()
             self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
-        elif self.window.min_rtt < math.inf:  # ambiguous (Karn): no round trip, but how long a resent packet waits
-            # (before any round trip, what it waited is mostly peers still starting: nothing to learn)
-            self.window.on_resend_result(now - resent)
+        else:
+            if self.window.min_rtt < math.inf:  # ambiguous (Karn): no round trip, but how long a resent packet
+                # waits (before any round trip, what it waited is mostly peers still starting: nothing to learn)
+                self.window.on_resend_result(now - resent)
+            if state == SENT and order > self._rack_order and self._outstanding and self.window.min_rtt < math.inf:
+                # RACK takes a resent contribution's result as it takes any other (RFC 8985: not one that
+                # may answer the original, which is_spurious told, as it can once a round trip was
+                # measured, which also sizes the reorder window): what left before it and is still out
+                # is lost, so a probe's result finds a lost run of any length. Where it ends a silence,
+                # what is out may instead have waited for a late or stalled peer, whose results follow
+                # this one in the order it sends them: they get a probe timeout (two round trips) from
+                # now to come, not a window of resends at once.
+                rtt = now - sent
+                if self._probes:
+                    oldest = self._outstanding[next(iter(self._outstanding))][0]
+                    rtt = max(rtt, now - oldest + self.window.probe_timeout)
+                self._rack_order, self._rack_rtt = order, rtt
         self.last_progress = self._probe_from = now
         self._first_result = min(self._first_result, now)
         if self._probes:  # a silence ended: what was resent during it need not wait out its backoff
@@ -562,15 +590,18 @@ class Reduction:
             sent, _, _, order, _, _, _ = self._outstanding[oldest]
             if order < self._rack_order:
                 best = (oldest, sent + self._rack_rtt + self.window.reorder_window, LOST)
-            elif self.started and (len(self._outstanding) <= EARLY_PROBE
-                                   or (self.n_done and len(self._outstanding) < self.window.size)):
-                # Before the job answered, silence means peers are starting; before the call's first
-                # result, a window is still on its way through the switch; with a full window out,
-                # the results of the others would reveal a loss: silence is a stall. A call's last
-                # packets, or a packet or two, have no later ones to do that.
-                newest = next((u for u in reversed(self._outstanding) if not self._outstanding[u][1]), None)
-                if newest is not None:
-                    best = (newest, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
+            elif self.started and (not self._probes or len(self._outstanding) <= EARLY_PROBE):
+                # Before the job answered, silence means peers are starting. After, it is a lost run
+                # with no later packet to reveal it (a call's last packets, or all that is out: a queue
+                # that overflowed, or a GSO batch dropped whole) or a late or stalled peer: a probe
+                # costs a packet, and its result finds the run (RACK). One per silence, whose own timer
+                # then resends it as it backs off; at a call's tail, a probe per doubling wait.
+                # The probe is the oldest packet sent once: every peer has sent it if any has, so it
+                # completes where this worker's run was lost, and its result is of a send after all
+                # that is out, which finds the rest of the run (RACK).
+                oldest = next((u for u in self._outstanding if not self._outstanding[u][1]), None)
+                if oldest is not None:
+                    best = (oldest, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
         timer = self._first_timer()
         if timer is not None and (best is None or timer[0] < best[1]):
             return timer[1], timer[0], TIMEOUT
@@ -590,14 +621,17 @@ class Reduction:
         """
         if now >= self.last_progress + self.progress_timeout and not self.done:
             raise self._stall_error(now)
+        lost = False  # the losses found at one tick are one loss (a run), counted once below
         while (loss := self._next_loss()) is not None and loss[1] <= now:
             t, _, why = loss
             retries = self._outstanding[t][1]
+            if why != LOST:  # silence: what is out now waited for it, and tells no round trip
+                self._quiet_from = self._sends
             if why == PROBE:  # no sign of loss yet: the window stays
                 self._probes += 1
                 self._probe_from = now
             elif why == LOST or retries:  # random loss, or a resent packet lost again
-                self.window.on_loss()
+                lost = True
             else:  # a packet sent once timed out
                 if now - self.last_progress >= self.window.rto:
                     # Nothing came for an RTO: peers still on their way to the call, a stall or a
@@ -625,6 +659,8 @@ class Reduction:
             else:
                 self.retransmissions += 1
                 self._send(t, now, retries + 1)
+        if lost:
+            self.window.on_loss()
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""

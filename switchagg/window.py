@@ -137,15 +137,16 @@ class Window:
         so their round trips hold no wait for peers still on their way to the call, and only those
         (the shortest of them ``settled_shortest``) tell of a queue.
         """
-        if self.srtt is None:
-            self.srtt, self.rttvar = longest, longest / 2
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - longest)
-            self.srtt = 0.875 * self.srtt + 0.125 * longest
-        self.min_rtt = min(self.min_rtt, shortest)
+        if longest >= 0:  # a round trip of the path among them (-inf: none, they waited for a recovery)
+            if self.srtt is None:
+                self.srtt, self.rttvar = longest, longest / 2
+            else:
+                self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - longest)
+                self.srtt = 0.875 * self.srtt + 0.125 * longest
+            self.min_rtt = min(self.min_rtt, shortest)
+            # At least 1.5 round trips: a result also waits for the slowest peer's packet.
+            self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
         self.since_loss = min(self.since_loss + count, LOSSY_RESULTS)
-        # At least 1.5 round trips: a result also waits for the slowest peer's packet.
-        self.rto = min(self.max_rto, max(self.min_rto, self.srtt + max(4 * self.rttvar, self.srtt / 2)))
         if settled:
             if not self._delay_samples:  # a round trip's results are taken from the first one on, for two
                 # recent round trips: after a peer's stall, the burst of late results that ends it and

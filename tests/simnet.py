@@ -28,6 +28,7 @@ from switchagg.wire import datagram_size
 
 IMPLEMENTATIONS = {"python": Reduction, "native": NativeReduction}
 WAKE = "wake"  # an event's source that is a worker's wake to take its inbox (Batching), not a datagram
+RUN_SPAN = 0.0002  # s: a lost run takes the packets of a link that follow within this long (a queue's overflow)
 
 
 @dataclass
@@ -36,6 +37,12 @@ class Impairment:
     dup: float = 0.0
     latency: float = 0.001
     jitter: float = 0.0  # uniform extra latency: reordering when it exceeds the packet spacing
+    # a loss takes this many consecutive packets of the link (one sender to one receiver), as a queue that
+    # overflows or a GSO super-packet dropped whole does; ``loss`` stays the share of packets lost
+    run: int = 1
+    # the packets a worker sends at once go as one message (GSO: one super-packet, up to 64 datagrams) that a
+    # loss takes whole: ``loss`` is then the share of messages lost
+    whole: bool = False
 
 
 @dataclass
@@ -133,6 +140,8 @@ class SimNet:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self._dropping: dict = {}  # link -> (packets of its lost run still to drop, until when)
+        self.dropped = 0  # packets the links lost
         self._events: list = []
         self._seq = itertools.count()
 
@@ -142,7 +151,15 @@ class SimNet:
         return w
 
     def _transmit(self, imp: Impairment, dst, data: bytes, src) -> None:
-        if self.rng.random() < imp.loss:
+        link = (src, dst)
+        left, until = self._dropping.get(link, (0, 0.0))
+        if left and self.now <= until:  # the rest of a lost run: the packets that follow at once
+            self._dropping[link] = (left - 1, until)
+            self.dropped += 1
+            return
+        if self.rng.random() < imp.loss / imp.run:
+            self._dropping[link] = (imp.run - 1, self.now + RUN_SPAN)
+            self.dropped += 1
             return
         copies = 2 if self.rng.random() < imp.dup else 1
         for _ in range(copies):
@@ -151,11 +168,21 @@ class SimNet:
 
     def _flush(self, w: Worker, addr) -> None:
         rows, lengths = np.empty((3, datagram_size(w.job.k)), np.uint8), np.zeros(3, np.uint32)
+        lost, message = False, 0  # with whole messages: whether this one is lost, and its datagrams so far
         while n := w.red.emit(rows, lengths):
             for row, length in zip(rows[:n], lengths[:n].tolist(), strict=True):
                 w.sent += 1
                 self.sent_log.append((self.now, addr, row[:length].tobytes()))
-                self._transmit(self.up, "switch", row[:length].tobytes(), addr)
+                if not self.up.whole:
+                    self._transmit(self.up, "switch", row[:length].tobytes(), addr)
+                    continue
+                if message % 64 == 0:
+                    lost = self.rng.random() < self.up.loss
+                message += 1
+                self.dropped += lost
+                if not lost:
+                    self._transmit(Impairment(0, self.up.dup, self.up.latency, self.up.jitter), "switch",
+                                   row[:length].tobytes(), addr)
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce",
               staged: bool = False) -> None:

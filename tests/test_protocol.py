@@ -845,18 +845,30 @@ SEQUENCES = {
 }
 
 
+# Loss both ways for the tests that hold the twins to each other: packets dropped one by one, and in runs
+# (a worker's sends at once dropped whole, as a GSO batch is; runs of results, as a queue drops them)
+LOSSES = {
+    "scattered": (Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006),) * 2,
+    "runs": (Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.001, whole=True),
+             Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.001, run=6)),
+}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 @pytest.mark.parametrize("batching", sorted(BATCHING))
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
 @pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 @pytest.mark.parametrize("seed", range(3))
-def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype, ask_first, sequence, batching):
-    """The C state machine is the Python one: under loss, duplication and reordering both ways,
-    over calls of several sizes and both collectives (windows and timers carried over), every packet
-    is the same, and so is every shard; with each datagram taken alone, and in the kernel's batches,
-    identical for both (a receive batch is taken whole: its datagrams meet in receive_batch)."""
+def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype, ask_first, sequence, batching,
+                                                                    loss):
+    """The C state machine is the Python one: under loss (one by one, and in runs), duplication and
+    reordering both ways, over calls of several sizes and both collectives (windows and timers carried
+    over), every packet is the same, and so is every shard; with each datagram taken alone, and in the
+    kernel's batches, identical for both (a receive batch is taken whole: its datagrams meet in
+    receive_batch)."""
     job = Job(n=3, slots=5, k=8, ask_first=ask_first)
-    bad = Impairment(loss=0.15, dup=0.1, latency=0.001, jitter=0.006)
+    up, down = LOSSES[loss]
     sizes = SEQUENCES[sequence]
     xs = [(data(3, size, seed=seed * 10 + i, dtype=dtype), collective) for i, (size, collective) in enumerate(sizes)]
     if dtype == np.float32:
@@ -865,7 +877,7 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
     for impl in IMPLEMENTATIONS:
         model = SwitchModel(16)
         model.add_job(job.entry())
-        net = SimNet(model, up=bad, down=bad, seed=seed, impl=impl, batching=BATCHING[batching])
+        net = SimNet(model, up=up, down=down, seed=seed, impl=impl, batching=BATCHING[batching])
         ws = [net.add_worker(job, r) for r in range(3)]
         outs, windows, resent, asked = [], [], 0, 0
         for call, collective in xs:
