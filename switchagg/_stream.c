@@ -166,6 +166,7 @@ typedef struct {
     double longest, shortest, settled_shortest;
     long probes;          /* tail loss probes sent since the last new result */
     Py_ssize_t quiet_from;  /* the order of the first send after the call's last silence (a probe or timeout) */
+    double run_at, run_first;  /* when, and the first send of, the last QUERY about a lost packet sent once */
     double probe_from;    /* the last new result or probe: the next probe waits from here */
     double first_result;  /* when this call's first result came */
     int stalled;          /* a packet was resent for an RTO of silence since the last new result */
@@ -516,9 +517,10 @@ static inline int post(Stream *s, Py_ssize_t item) {
 }
 
 /* Reduction._send of an entry sent before (retries >= 1: fill() sends each entry's first): its
- * contribution again (SENT) or a QUERY about it (ASKED). */
-static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state) {
-    if (post(s, state == ASKED ? ~t : t) < 0)
+ * contribution again (SENT) or a QUERY about it (ASKED); `posted` 0: as if sent, for an entry that waits
+ * on the QUERY of another of its run. */
+static int send_entry(Stream *s, Py_ssize_t t, double now, long retries, int state, int posted) {
+    if (posted && post(s, state == ASKED ? ~t : t) < 0)
         return -1;
     Entry *e = &s->entries[t];
     if (!e->in_flight) {
@@ -800,16 +802,18 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
         double first_send = s->resends[t].first_send;
         unlist(s, t);
         s->retransmissions++;
-        if (send_entry(s, t, now, retries, SENT) < 0)
+        if (send_entry(s, t, now, retries, SENT, 1) < 0)
             return -1;
         Entry *entries = s->entries;
         for (uint32_t u = s->sends.head, next; u != NONE; u = next) {
             next = entries[u].link[SENDS][NEXT];  /* u moves to the end, as a resend, where it is not taken again */
-            if (entries[u].retries || entries[u].last_send > first_send)
+            int run = entries[u].state == ASKED && entries[u].retries && s->resends[u].first_send == first_send;
+            if (!run && (entries[u].retries || entries[u].last_send > first_send))
                 continue;
+            long again = entries[u].retries ? entries[u].retries : 1;
             unlist(s, u);
             s->retransmissions++;
-            if (send_entry(s, u, now, 1, SENT) < 0)
+            if (send_entry(s, u, now, again, SENT, 1) < 0)
                 return -1;
         }
         return 0;
@@ -1139,11 +1143,20 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
          * worker has no one else to blame) */
         const Entry *e = &s->entries[t];
         int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
+        if (ask && why == LOST && !e->retries) {  /* a run found lost at once asks one QUERY (Reduction.tick) */
+            if (now == s->run_at && e->last_send == s->run_first) {
+                if (send_entry(s, t, now, 1, ASKED, 0) < 0)
+                    return PyErr_NoMemory();
+                continue;
+            }
+            s->run_at = now;
+            s->run_first = e->last_send;
+        }
         if (ask)
             s->queries++;
         else
             s->retransmissions++;
-        if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT) < 0)
+        if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT, 1) < 0)
             return PyErr_NoMemory();
     }
     if (lost) {  /* Window.on_loss */
@@ -1346,6 +1359,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     write_call_header(s);
     s->rack_order = -1;
     s->quiet_from = 0;
+    s->run_at = -INFINITY;
+    s->run_first = 0.0;
     s->probe_from = now;
     s->first_result = INFINITY;
     start_batch(s);

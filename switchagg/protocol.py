@@ -203,6 +203,7 @@ class Reduction:
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
         self._quiet_from = 0  # the order of the first send after the call's last silence (a probe or timeout)
+        self._run_asked = (-math.inf, 0.0)  # (when, first send of) the last QUERY about a lost packet sent once
         self._probe_from = now  # the last new result or probe: the next probe waits from here
         self._first_result = math.inf  # when this call's first result came
         self._stalled = False  # a packet went again for an RTO of silence since the last new result
@@ -347,9 +348,11 @@ class Reduction:
             backoff = min(backoff, BACKOFF_CAP)
         return min(self.window.max_rto, wait * 2.0 ** backoff)
 
-    def _send(self, t: int, now: float, retries: int, state: int = SENT) -> None:
-        """Send entry ``t``'s contribution (SENT), or a QUERY about it (ASKED), the ``retries``-th time again."""
-        self.outbox.append(self._query(t) if state == ASKED else self._packet(t))
+    def _send(self, t: int, now: float, retries: int, state: int = SENT, post: bool = True) -> None:
+        """Send entry ``t``'s contribution (SENT), or a QUERY about it (ASKED), the ``retries``-th time again;
+        ``post`` False: as if sent, for an entry that waits on the QUERY of another of its run."""
+        if post:
+            self.outbox.append(self._query(t) if state == ASKED else self._packet(t))
         # else the RTO, with full backoff while the job has not answered yet (peers may still be starting)
         wait = self._resend_wait(retries) if retries and self.started else self.window.timeout_for(retries)
         if retries:
@@ -441,17 +444,20 @@ class Reduction:
         entry = self._outstanding.get(t)
         if entry is None or entry[6] != ASKED or (h.slot, h.copy) != self._slot_copy(t):
             return  # not the answer it waits for
+        first = entry[2]
         if not h.key >> self.params.worker & 1 or h.key == self._all:
             # Lost, and so is what went with it: a run (a GSO batch, a queue's overflow) takes the packets
             # sent with this one, whose results have not come either; they go again now, not after a
-            # query each (the packets sent once no later than this one's first send).
-            run = [u for u, e in self._outstanding.items() if not e[1] and e[0] <= entry[2]]
+            # query each (its run, and the packets sent once no later than its first send).
+            run = [u for u, e in self._outstanding.items()
+                   if u != t and ((not e[1] and e[0] <= first) or (e[6] == ASKED and e[1] and e[2] == first))]
             for u in [t, *run]:
                 self.retransmissions += 1
-                self._send(u, now, self._outstanding[u][1] if u == t else 1)
+                self._send(u, now, self._outstanding[u][1] or 1)
             return
         # As if sent now: the peer resends now, so the results of what is sent after now reveal a loss
-        # (RACK), and the timer backs that up.
+        # (RACK), and the timer backs that up. (Its run keeps its own timers: a packet of it may be one
+        # that this worker lost, which its own QUERY then finds.)
         # before the job answered, as a resend waits then: the RTO, backing off (peers may be starting)
         wait = self._resend_wait(entry[1]) if self.started else self.window.timeout_for(entry[1])
         del self._outstanding[t]
@@ -654,6 +660,14 @@ class Reduction:
             # missing (and a lone worker has no one else to blame); its old timer goes stale.
             if (self.params.ask_first and self.params.n_workers > 1
                     and not (retries and self._outstanding[t][6] == SENT)):
+                # A run found lost at once (sent together, found together) asks one QUERY, whose answer
+                # holds for all of it (_receive_pending): not a QUERY and a PENDING a packet of the run.
+                run = (now, self._outstanding[t][2])
+                if why == LOST and not retries and run == self._run_asked:
+                    self._send(t, now, 1, ASKED, post=False)
+                    continue
+                if why == LOST and not retries:
+                    self._run_asked = run
                 self.queries += 1
                 self._send(t, now, retries + 1, ASKED)
             else:
