@@ -1068,8 +1068,8 @@ static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
             uint32_t first = oldest;
             while (first != NONE && e[first].retries)
                 first = e[first].link[SENDS][NEXT];
-            if (first != NONE) {
-                best = first;
+            if (first != NONE || !s->probes) {
+                best = first != NONE ? first : oldest;  /* every packet out went again: the oldest, once */
                 *when = s->probe_from + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
                 *why = PROBE;
             }

@@ -604,10 +604,13 @@ class Reduction:
                 # then resends it as it backs off; at a call's tail, a probe per doubling wait.
                 # The probe is the oldest packet sent once: every peer has sent it if any has, so it
                 # completes where this worker's run was lost, and its result is of a send after all
-                # that is out, which finds the rest of the run (RACK).
-                oldest = next((u for u in self._outstanding if not self._outstanding[u][1]), None)
-                if oldest is not None:
-                    best = (oldest, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
+                # that is out, which finds the rest of the run (RACK). Where every packet out went
+                # again already (a run of results lost after their resends), the oldest: their own
+                # timers learned their waits behind peers' recoveries, and back off from there: once.
+                probe = next((u for u in self._outstanding if not self._outstanding[u][1]), None)
+                if probe is not None or not self._probes:
+                    probe = oldest if probe is None else probe
+                    best = (probe, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
         timer = self._first_timer()
         if timer is not None and (best is None or timer[0] < best[1]):
             return timer[1], timer[0], TIMEOUT
