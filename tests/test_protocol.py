@@ -1017,3 +1017,111 @@ def test_a_call_from_a_first_slot_on_uses_the_slots_from_there_and_sums_through_
     with pytest.raises(ValueError, match="call round"):
         Reduction(job.params(0), Window(4), Int32Payloads(x, out, 16), n_chunks=6, first_id=0, copies=copies,
                   now=0.0, progress_timeout=5.0, first_slot=3, call=(np.zeros(16, np.int32), bytes(64)))
+
+
+def test_a_run_of_all_that_is_out_is_probed_and_found_within_a_few_round_trips_not_an_rto(impl):
+    """A run that takes every packet out (a GSO batch dropped whole, a queue that overflowed) leaves no
+    later result to reveal it: after a probe timeout of silence the oldest goes again, with a full window
+    out too, and its result (of a send after all the rest) finds the rest of the run lost, which goes
+    again a probe timeout later: long before an RTO."""
+    red, send_and_answer = _one_worker_call(impl, 64, started=True)
+    send_and_answer(0.001)
+    send_and_answer(0.002)
+    lost = sorted(c for c, _, _ in red.pending())
+    assert len(lost) == red.window.size == 8  # a full window out
+    send_and_answer(0.002, drop=range(64))  # all of it lost
+    probe = red.next_deadline()
+    assert probe == pytest.approx(0.002 + red.window.probe_timeout) and probe < 0.002 + red.window.rto
+    red.tick(probe)
+    assert red.retransmissions == 1
+    send_and_answer(probe + 0.001)  # the probe's result
+    red.tick(probe + 0.001 + red.window.probe_timeout + red.window.reorder_window + 1e-9)
+    assert 8 <= red.retransmissions <= 9  # the run again (and perhaps a probe more)
+    assert {c for c, _, _ in red.pending()} >= set(lost[1:])  # all but the probe's, answered, went again
+
+
+def test_round_trips_that_waited_for_a_recovery_teach_neither_the_rto_nor_the_queue(impl):
+    """Results that come only after the call went silent (held up by a peer's recovery, or a lost run's)
+    waited for that, not for the path: taken for round trips, they grew the RTO to its maximum and shrank
+    the window as if a queue stood (in namespaces losing GSO batches whole, calls of 40 ms took 20-40 s)."""
+    red, send_and_answer = _one_worker_call(impl, 64, started=True)
+    send_and_answer(0.001)
+    send_and_answer(0.002)
+    window = red.window.state()
+    send_and_answer(0.002, hold=range(64))  # the window's results held up
+    probe = red.next_deadline()
+    red.tick(probe)  # the silence: a probe
+    send_and_answer(0.300)  # the held results come 0.3 s after their packets left, with the probe's
+    assert red.window.srtt == window.srtt and red.window.rto == window.rto
+    assert red.window.min_rtt == window.min_rtt and red.window.cwnd >= window.cwnd
+
+
+def _two_workers_asking(impl: str, n_chunks: int, initial: int = 8):
+    """A 2-worker job that asks first (loss_recovery "query"), int32 data alone, and a switch; ``exchange``
+    sends what a worker has due and delivers the switch's answers, but for what is dropped."""
+    from switchagg.payloads import Int32Payloads
+    from switchagg.wire import datagram_size
+
+    job = Job(n=2, slots=16, k=16, ask_first=True)
+    model = SwitchModel(16)
+    model.add_job(job.entry())
+    window = Window(16, initial=initial)
+    window.on_result(0.001, 0.0)
+    x = np.arange(16 * n_chunks, dtype=np.int32)
+    windows = [Window(16) for _ in range(2)]
+    for w in windows:
+        w.restore(window.state())  # a round trip of 1 ms known
+    reds = [IMPLEMENTATIONS[impl](job.params(r), windows[r], Int32Payloads(x, np.empty_like(x), 16),
+                                  n_chunks=n_chunks, first_id=0, copies=np.zeros(16, np.int64), now=0.0,
+                                  progress_timeout=5.0, started=True) for r in range(2)]
+    rows, lengths = np.empty((16, datagram_size(16)), np.uint8), np.zeros(16, np.uint32)
+
+    def exchange(rank: int, now: float, drop: bool = False, lose: int = 0) -> int:
+        """``drop``: what ``rank`` sends is lost; ``lose``: so are the first that many answers to the other."""
+        n = reds[rank].emit(rows, lengths)
+        out: dict[int, list[bytes]] = {0: [], 1: []}
+        for row, length in zip(rows[:n], lengths[:n].tolist(), strict=True):
+            if not drop:
+                for e in model.process(row[:length].tobytes(), job.address(rank)):
+                    out[int(e.dst != job.address(0))].append(e.payload())
+        del out[1 - rank][:lose]
+        for r, got in out.items():
+            if got:
+                sizes = np.array([len(g) for g in got], np.uint32)
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint32)
+                reds[r].receive_batch(b"".join(got), offsets, sizes, now)
+        return n
+
+    return reds, exchange
+
+
+def test_a_pending_that_names_this_worker_resends_the_run_its_packet_went_with(impl):
+    """Asking first, a lost run costs one QUERY, and its PENDING (this worker's bit clear) sends the whole
+    run again at once, not one QUERY and one PENDING a packet."""
+    reds, exchange = _two_workers_asking(impl, 8)
+    exchange(1, 0.0)  # worker 1's eight contributions reach the switch
+    assert exchange(0, 0.0, drop=True) == 8  # worker 0's, sent together, are all lost
+    probe = reds[0].next_deadline()
+    reds[0].tick(probe)  # silence: worker 0 asks about its oldest
+    assert reds[0].queries == 1
+    exchange(0, probe)  # the QUERY, and the PENDING that names worker 0
+    assert reds[0].retransmissions == 8  # the run goes again
+    exchange(0, probe + 0.001)
+    assert reds[0].done and reds[1].n_done == 8
+
+
+def test_a_run_found_lost_at_once_asks_one_query(impl):
+    """Asking first, packets sent together and found lost together (RACK, at one tick: a run of results
+    lost) ask one QUERY, whose answer sends the run again; a loss found at one tick counts once."""
+    reds, exchange = _two_workers_asking(impl, 12, initial=16)
+    exchange(0, 0.0)  # worker 0's twelve reach the switch
+    exchange(1, 0.0, lose=8)  # worker 1's complete them; the first eight results to worker 0 are lost
+    assert reds[0].n_done == 4 and reds[1].n_done == 12
+    losses = reds[0].window.losses
+    found = reds[0].next_deadline()
+    reds[0].tick(found)  # RACK: the eight, sent with the four whose results came
+    assert reds[0].queries == 1 and reds[0].window.losses == losses + 1
+    exchange(0, found)  # the QUERY; its PENDING (every bit: the results were lost) sends the run again
+    assert reds[0].retransmissions == 8
+    exchange(0, found + 0.001)  # answered from the results the switch holds
+    assert reds[0].done
