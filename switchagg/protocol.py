@@ -585,9 +585,11 @@ class Reduction:
         later than that one's round trip would have it. The outstanding packets are in the order
         they were last sent, so only the oldest needs looking at; a resent packet joins the end, and
         the results of packets sent after it find it lost again. When nothing marks a packet so,
-        a call that is silent for :attr:`Window.probe_timeout` (doubling per probe) with less than
-        a window out resends its newest packet sent once: a tail loss probe, for a lost packet with
-        no successor to reveal it (a call's last ones). The timers back both up: a resent packet's
+        a call that is silent for :attr:`Window.probe_timeout` resends its oldest packet sent once
+        (once per silence; at the tail, with at most :data:`EARLY_PROBE` out, doubling per probe): a
+        tail loss probe, for a lost packet with no successor to reveal it (a call's last ones, or a
+        run that took all that was out, which the probe's result then finds, RACK). The timers back
+        both up: a resent packet's
         is short (:attr:`Window.resend_timeout`), one sent once has the RTO (:meth:`tick`).
         """
         best = None

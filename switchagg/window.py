@@ -130,7 +130,8 @@ class Window:
         grow it, or shrink it when even the shortest round trip of the last one shows more queue than
         it stands.
 
-        ``longest`` (the oldest send's round trip, TCP's sample) is the RTO's one sample: a batch's
+        ``longest`` (the oldest send's round trip, TCP's sample; -inf where none of them is a round
+        trip of the path, every one having waited for a recovery) is the RTO's one sample: a batch's
         results mostly left together, and one sample per packet would turn the smoothed round trip
         into the last few packets' (RFC 7323's appendix G) at a cost per packet. ``shortest`` is the
         path's; ``settled`` of the results are of packets that left after their call's first result,
