@@ -145,7 +145,10 @@ def test_the_bench_runs_gloo_and_switchagg_over_shaped_links_with_loss_and_leave
     assert gloo_ideal == pytest.approx(links.ideal_seconds(MIB, 200, 1.0) / (gloo / 1e3), abs=0.01)
     assert ours_ideal == pytest.approx(links.ideal_seconds(MIB, 200, 322 / 256) / (ours / 1e3), abs=0.01)
     lossy, over, dropped, resent = float(row[10]), float(row[11]), int(row[12]), int(row[13])
-    assert over == pytest.approx(ours / lossy, abs=0.01) and dropped > 0 and resent > 0, out
+    assert over == pytest.approx(ours / lossy, abs=0.01) and resent > 0, out
+    # each of 2 calls (the warm-up, the timed one) crosses 4096 packets of each of 2 workers over 2 lossy hops:
+    # 5% of them is some 1600 (a rule that saw GSO buffers instead of packets dropped a tenth of that)
+    assert 1000 < dropped < 4000, out
     assert re.search(r"^ratio_vs_bound=2w-k64-200mbit:[\d.]+$", out, re.M), out
     assert re.search(r"^lossless_over_lossy=2w-k64-200mbit:[\d.]+$", out, re.M), out
     assert "SUMS WRONG" not in out

@@ -28,9 +28,11 @@ back (each first in turn), as ``switchagg bench`` does.
 one lossy hop); ``burst`` drops them in runs of that many consecutive packets at the same average
 rate. Gloo's TCP is left lossless. Each switchagg run then runs lossless and lossy back to back,
 both with the rule in place (lossless at 0%, so both pay the firewall's work per packet), and the
-bench prints the lossless time over the lossy one.
+bench prints the lossless time over the lossy one. Under loss the links carry switchagg's packets
+one by one (:func:`build`'s ``per_packet``), which costs the kernel more CPU than the batches it
+carries otherwise: a figure under loss is to be read against the lossless one beside it.
 
-Needs root, ``ip`` and ``tc`` (and ``nft`` for loss); it makes its namespaces and addresses
+Needs root, ``ip``, ``tc`` and ``ethtool`` (and ``nft`` for loss); it makes its namespaces and addresses
 (10.82.0.0/24, inside them only) and removes them when done, also on an error or Ctrl-C.
 
 ``python -m switchagg.benchmarks.links RANK WORLD`` is one worker: it reads tasks, one JSON
@@ -144,7 +146,7 @@ def _address(i: int) -> str:
     return f"{SUBNET}.{i + 1}"
 
 
-def build(n: int) -> None:
+def build(n: int, *, per_packet: bool = False) -> None:
     """The namespaces: the switch's, with a bridge at :data:`SWITCH_IP`, and one per worker joined to it.
 
     Every link keeps its offloads, as a NIC does (:func:`switchagg.netns.quiet_link`): a socket's batch of
@@ -152,6 +154,11 @@ def build(n: int) -> None:
     counts each segment's frame), so the kernel works per buffer, not per packet. Without them, on this
     two-core machine, 4 workers of K = 64 at 500 Mbit/s took 1.6 s a 32 MiB call, all of both cores;
     with them 0.69 s (0.98 of the link's ideal), the cores a third busy.
+
+    ``per_packet`` (the bed under loss) leaves UDP's segmentation and every receive offload off, so each
+    switchagg packet crosses the links and meets nftables alone: a rule that drops 1% of what it sees
+    then drops 1% of the packets, at random, rather than 1% of the batches of up to 64 packets that a
+    GSO send or GRO puts in one buffer. TCP keeps its segmentation offload: gloo runs as without loss.
     """
     from .. import netns
 
@@ -166,6 +173,9 @@ def build(n: int) -> None:
         netns.veth_between(_ns(i), "eth0", sw, f"s{i}", offloads=True)
         netns.sh("ip", "link", "set", f"s{i}", "master", "br0", ns=sw)
         netns.sh("ip", "addr", "add", f"{_address(i)}/24", "dev", "eth0", ns=_ns(i))
+    if per_packet:
+        for ns, dev in [*_links(n), (sw, "br0")]:
+            netns.sh("ethtool", "-K", dev, "tx-udp-segmentation", "off", "gro", "off", ns=ns)
 
 
 def _links(n: int) -> Iterator[tuple[str, str]]:
@@ -239,10 +249,12 @@ def teardown() -> None:
 
 
 def missing(loss: bool = False) -> str | None:
-    """Why the link bench cannot run here (``loss``: with nftables' loss), or None."""
+    """Why the link bench cannot run here (``loss``: with nftables' loss), or None. ``ethtool`` sets the links'
+    offloads, which move the limit from the kernel's work per packet to the links' rate."""
     if os.geteuid() != 0:
         return "the link bench needs root (network namespaces and tc): run it with sudo"
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), *((("nft", "nftables"),) if loss else ())):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool"),
+                          *((("nft", "nftables"),) if loss else ())):
         if shutil.which(tool) is None:
             return f"the link bench needs `{tool}`: apt-get install {package}"
     return None
@@ -492,7 +504,8 @@ def run_link_bench(*, rates: Sequence[float], worker_counts: Sequence[int] = (4,
     burst_, limit = tbf_sizes(min(rates), ks)
     impaired = "" if loss is None else (
         f"; {loss:g}% of switchagg's packets dropped at every namespace's input"
-        + (f" in runs of {burst}" if burst else " at random") + " (gloo's TCP lossless)")
+        + (f" in runs of {burst}" if burst else " at random") + " (gloo's TCP lossless), the links carrying "
+        "them one by one (no UDP GSO or GRO, so that nftables sees each): more CPU per packet than without loss")
     print(f"link bench: {mib:g} MiB float32, tbf on both ends of every worker's link (at {min(rates):g} Mbit/s: "
           f"burst {burst_} B, limit {limit} B), {rounds} round(s) of gloo and switchagg at K="
           f"{', '.join(map(str, ks))} back to back, each a warm-up + {reps} calls (median){impaired}", flush=True)
@@ -513,7 +526,7 @@ def run_link_bench(*, rates: Sequence[float], worker_counts: Sequence[int] = (4,
 def _bench_workers(n: int, rates: Sequence[float], ks: Sequence[int], numel: int, reps: int, rounds: int,
                    loss: float | None, burst: int | None) -> list[Row]:
     try:
-        build(n)
+        build(n, per_packet=loss is not None)
         shape(n, min(rates), ks)
         if loss is not None:
             impair(n, 0.0, None)
