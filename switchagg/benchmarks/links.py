@@ -335,9 +335,11 @@ class _Workers:
     def __init__(self, n: int, workdir: Path) -> None:
         self.n = n
         token = secrets.token_hex(16)
+        # gloo on the bed's link, not on the address the host's name has; a stall timeout of 30 s (5 by
+        # default), as the loss bench's: a busy machine can starve a rank for seconds, which is measured here
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OPENBLAS_NUM_THREADS="1",
                    SWITCHAGG_SWITCH=f"{SWITCH_IP}:{SWITCH_PORT}", SWITCHAGG_CONTROL=f"{SWITCH_IP}:{CONTROL_PORT}",
-                   SWITCHAGG_CONTROL_TOKEN=token, GLOO_SOCKET_IFNAME="eth0")  # not the address the host's name has
+                   SWITCHAGG_CONTROL_TOKEN=token, SWITCHAGG_STALL_TIMEOUT="30", GLOO_SOCKET_IFNAME="eth0")
         try:
             self.switch, _ = spawn_switch(None, workdir / "switch.ready", prefix=("ip", "netns", "exec", _ns(None)),
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
