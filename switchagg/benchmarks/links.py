@@ -277,6 +277,7 @@ def _task(store: Any, rank: int, world: int, task: dict[str, Any]) -> dict[str, 
     """One process group of ``task["backend"]``: a warm-up and ``reps`` timed allreduces, each sum checked."""
     from datetime import timedelta
 
+    import torch
     import torch.distributed as dist
 
     from ..distributed.options import ENV
@@ -289,20 +290,17 @@ def _task(store: Any, rank: int, world: int, task: dict[str, Any]) -> dict[str, 
         base = inputs(task["numel"])
         x, expected = base * (rank + 1), base * (world * (world + 1) // 2)
         buf = x.clone()
-        client = dist.group.WORLD.client if task["backend"] == "switchagg" else None
-        times, exact, resent = [], True, 0
+        times, exact = [], True
         for i in range(task["reps"] + 1):
-            if i == 1 and client is not None:
-                resent = client.retransmissions  # the warm-up's are the peers' start, not the link's
             buf.copy_(x)
             dist.barrier()  # every rank starts the call together: time the call, not the skew
             start = time.perf_counter()
             dist.all_reduce(buf)
             if i:
                 times.append(time.perf_counter() - start)
-            exact = exact and bool((buf == expected).all())
-        if client is not None:
-            resent = client.retransmissions - resent
+            exact = exact and torch.equal(buf, expected)
+        # every call's, as nftables' drops are (the group joined before its first call: all of them are the link's)
+        resent = dist.group.WORLD.client.retransmissions if task["backend"] == "switchagg" else 0
     finally:
         dist.destroy_process_group()
     return {"times": times, "exact": exact, "resent": resent}
@@ -350,15 +348,19 @@ class _Workers:
         self.logs = [workdir / f"w{r}.log" for r in range(n)]
         self.procs: list[subprocess.Popen] = []
         self.answers: queue.Queue[tuple[int, str | None]] = queue.Queue()
-        for r in range(n):
-            with self.logs[r].open("w") as log:
-                # each rank's node is its own namespace (they share the host's name)
-                proc = subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m",
-                                         "switchagg.benchmarks.links", str(r), str(n)],
-                                        env=dict(env, SWITCHAGG_NODE=_ns(r)), stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=log, text=True)
-            self.procs.append(proc)
-            threading.Thread(target=self._read, args=(r, proc.stdout), daemon=True).start()
+        try:
+            for r in range(n):
+                with self.logs[r].open("w") as log:
+                    # each rank's node is its own namespace (they share the host's name)
+                    proc = subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m",
+                                             "switchagg.benchmarks.links", str(r), str(n)],
+                                            env=dict(env, SWITCHAGG_NODE=_ns(r)), stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True)
+                self.procs.append(proc)
+                threading.Thread(target=self._read, args=(r, proc.stdout), daemon=True).start()
+        except BaseException:
+            self.kill()
+            raise
 
     def _read(self, rank: int, out: IO[str]) -> None:
         for line in out:
@@ -368,9 +370,13 @@ class _Workers:
 
     def run(self, task: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
         """Every rank's answer to ``task``; raises if one failed, died or did not answer within ``timeout``."""
-        for proc in self.procs:
-            proc.stdin.write(json.dumps(task) + "\n")  # type: ignore[union-attr]
-            proc.stdin.flush()  # type: ignore[union-attr]
+        for rank, proc in enumerate(self.procs):
+            try:
+                proc.stdin.write(json.dumps(task) + "\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+            except BrokenPipeError:
+                raise SwitchAggError(f"link bench worker {rank} exited before {task['tag']}: "
+                                     f"{self.logs[rank].read_text()[-2000:]}") from None
         got: dict[int, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         while len(got) < self.n:
@@ -499,6 +505,7 @@ def run_link_bench(*, rates: Sequence[float], worker_counts: Sequence[int] = (4,
     """gloo and switchagg at every K, on links of every rate, for each worker count; a line per run and the
     table at the end. Returns 1 if a sum came out wrong, else 0."""
     check(rates=rates, worker_counts=worker_counts, ks=ks, mib=mib, reps=reps, rounds=rounds, loss=loss, burst=burst)
+    rates, worker_counts, ks = (tuple(dict.fromkeys(x)) for x in (rates, worker_counts, ks))  # each once
     problem = missing(loss is not None)
     if problem:
         raise SwitchAggError(problem)
@@ -573,7 +580,8 @@ def _bench_workers(n: int, rates: Sequence[float], ks: Sequence[int], numel: int
 def _table(rows: list[Row], lossy: bool) -> None:
     print("ratio: gloo's time over switchagg's; bound: 2(N-1)/N over switchagg's wire bytes per value byte; "
           "*_ideal: each side's ideal time at the rate over its time (gloo: its ring's bytes, switchagg: its "
-          "frames'); tbf_drops: gloo/switchagg")
+          "frames'); tbf_drops: gloo/switchagg" + ("; dropped (by nftables) and resent: the lossy runs' calls, "
+                                                   "their warm-ups too" if lossy else ""))
     print("workers    K  Mbit/s  gloo_ms  switchagg_ms  ratio  bound  ratio/bound  gloo_ideal  switchagg_ideal  "
           "tbf_drops  exact" + ("  lossy_ms  lossless/lossy  dropped  resent" if lossy else ""))
     for r in rows:
