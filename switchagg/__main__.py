@@ -201,6 +201,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 # that a flag given to a mode that ignores it can be told from one left out, and refused).
 _THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo", "switch_cores", "switch_steer")
 _LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery")
+_LINK_FLAGS = ("link_loss", "link_burst")
 
 
 def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
@@ -212,19 +213,28 @@ def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds is not None else 3
-    workers = args.workers if args.workers is not None else 4
+    if args.link_rate:
+        from .benchmarks.links import run_link_bench
+
+        _refuse(args, ("nodes", "slots", "no_gloo", "switch_cores", "switch_steer", *_LOSS_FLAGS), " --link-rate")
+        return run_link_bench(rates=args.link_rate, worker_counts=args.workers or (4, 8),
+                              ks=args.values_per_packet or (64, 256), mib=args.mib if args.mib is not None else 32,
+                              reps=args.reps if args.reps is not None else 3, rounds=rounds, loss=args.link_loss,
+                              burst=args.link_burst, plot=args.plot)
     if args.loss:
         from .benchmarks.loss import RATES, run_loss_bench
 
-        _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS), " --loss")
+        _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS, *_LINK_FLAGS), " --loss")
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
                               plot=args.plot)
+    workers = _one_count(args.workers)
     if args.ddp or args.fsdp:
         from .benchmarks.training import run_training_bench
 
         mode = "ddp" if args.ddp else "fsdp"
-        _refuse(args, (*(f for f in _THROUGHPUT_FLAGS if f != "values_per_packet"), *_LOSS_FLAGS, "rounds", "plot"),
+        _refuse(args, (*(f for f in _THROUGHPUT_FLAGS if f != "values_per_packet"), *_LOSS_FLAGS, *_LINK_FLAGS,
+                       "rounds", "plot"),
                 f" --{mode}")
         ks = args.values_per_packet or [64]
         if len(ks) != 1:
@@ -232,7 +242,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return run_training_bench(mode, workers=workers, values_per_packet=ks[0], nodes=args.nodes or 1)
     from .benchmarks.throughput import run_bench
 
-    _refuse(args, (*_LOSS_FLAGS, "nodes"), " (throughput)")
+    _refuse(args, (*_LOSS_FLAGS, *_LINK_FLAGS, "nodes"), " (throughput)")
     from .switch.native import MAX_SHARDS
 
     switch_cores = args.switch_cores if args.switch_cores is not None else 1
@@ -244,6 +254,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                      reps=args.reps if args.reps is not None else 5, ks=args.values_per_packet or (64, 16000),
                      slots=args.slots, rounds=rounds, gloo=not args.no_gloo, plot=args.plot, switch_cores=switch_cores,
                      switch_steer=args.switch_steer or "job")
+
+
+def _one_count(workers: Sequence[int] | None) -> int:
+    """The one worker count of a mode that runs one (only --link-rate takes several); 4 if none is given."""
+    if workers is None:
+        return 4
+    if len(workers) != 1:
+        raise ConfigError(f"--workers {' '.join(map(str, workers))}: only `switchagg bench --link-rate` takes several "
+                          "counts; give one")
+    return workers[0]
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
@@ -355,18 +375,26 @@ def build_parser() -> argparse.ArgumentParser:
                            "gloo, and the bytes each rank sends and receives")
     mode.add_argument("--fsdp", action="store_true",
                       help="instead: the same with FSDP2 (its reduce-scatter through the switch)")
-    p.add_argument("--workers", type=int, help="worker processes (default 4; --loss takes --loss-workers)")
+    mode.add_argument("--link-rate", type=float, nargs="+", metavar="MBIT",
+                      help="instead: gloo against switchagg on namespace links shaped to each rate (Mbit/s, tbf on "
+                           "both ends of every worker's link), the ratio next to its bound, 2(N-1)/N over the wire's "
+                           "bytes per value byte (root: namespaces and tc)")
+    p.add_argument("--workers", type=int, nargs="+",
+                   help="worker processes (default 4; --link-rate takes several counts, default 4 8; --loss takes "
+                        "--loss-workers)")
     p.add_argument("--nodes", type=int,
                    help="with --ddp or --fsdp: put the workers on this many nodes (a switch job per rail), and "
                         "compare with the same ranks as one flat job and with gloo")
-    p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64)")
-    p.add_argument("--reps", type=int, help="timed repetitions after a warm-up, median reported (default 5)")
+    p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64; --link-rate 32)")
+    p.add_argument("--reps", type=int,
+                   help="timed repetitions after a warm-up, median reported (default 5; --link-rate 3)")
     p.add_argument("--values-per-packet", type=int, nargs="+",
-                   help="K, one or more (default 64 16000): 64 is the P4 switch's packet, 16000 a 64 KB "
-                        "datagram (loopback only)")
+                   help="K, one or more (default 64 16000; --link-rate 64 256, at most 362: the links' MTU): 64 is "
+                        "the P4 switch's packet, 16000 a 64 KB datagram (loopback only)")
     p.add_argument("--slots", type=int, help="the job's slots (default: 1024 for K = 64, 16 for 64 KB datagrams)")
     p.add_argument("--rounds", type=int,
-                   help="switchagg then gloo, this many times (--loss: every rate and recovery); "
+                   help="switchagg then gloo, this many times (--loss: every rate and recovery; --link-rate: at "
+                        "every rate); "
                         "the ratios are the median of the rounds' (default 3; not with --ddp or --fsdp)")
     p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline (no ratios then)")
     p.add_argument("--switch-cores", type=int,
@@ -375,12 +403,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--switch-steer", choices=("job", "slot"),
                    help="the switch's --steer with --switch-cores (default job)")
     p.add_argument("--plot", metavar="FILE.png",
-                   help="draw each round's ratios and packet rates (matplotlib; not with --ddp or --fsdp)")
+                   help="draw each round's ratios and packet rates (--link-rate: the ratio against its bound per "
+                        "rate; matplotlib; not with --ddp or --fsdp)")
     p.add_argument("--loss-workers", type=int, nargs="+", help="worker counts of --loss (default 4 7)")
     p.add_argument("--loss-rates", type=float, nargs="+",
                    help="loss rates of --loss, percent per hop (default 0 0.1 1 5)")
     p.add_argument("--loss-recovery", nargs="+", choices=sorted(LOSS_RECOVERY),
                    help="the job's loss_recovery settings --loss compares (default resend query)")
+    p.add_argument("--link-loss", type=float, metavar="PCT",
+                   help="with --link-rate: also run switchagg with this percentage of its packets dropped at every "
+                        "namespace's input (nftables; gloo's TCP stays lossless), and print its lossless time over "
+                        "its lossy time")
+    p.add_argument("--link-burst", type=int, metavar="N",
+                   help="with --link-loss: drop in runs of N consecutive packets at the same average rate")
     p.set_defaults(fn=_cmd_bench)
     return parser
 

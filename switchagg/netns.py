@@ -36,15 +36,19 @@ def namespaces(prefix: str) -> list[str]:
     return [line.split()[0] for line in out if line.startswith(prefix)]
 
 
-def quiet_link(dev: str, ns: str | None = None) -> None:
-    """No IPv6 chatter, no offloads, up.
+def quiet_link(dev: str, ns: str | None = None, *, offloads: bool = False) -> None:
+    """No IPv6 chatter, no offloads (or all of them, with ``offloads``), up.
 
     Without checksum offload BMv2 never forwards a partial checksum as it is; without segmentation
     and receive offloads libpcap sizes BMv2's capture ring for the MTU rather than for 64 KB frames,
     so that ring holds ~1000 frames instead of ~32 and a burst is not dropped at the switch port.
+    With ``offloads`` a link behaves as a NIC's does: a socket's batch of segments (TCP's, or
+    UDP's GSO) crosses it as one buffer, and its receive side merges segments (GRO, which a veth
+    does only when asked), so the kernel's work goes by the buffer, not by the packet.
     """
     sh("sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1", ns=ns)
-    sh("ethtool", "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off",
+    state = "on" if offloads else "off"
+    sh("ethtool", "-K", dev, "tx", state, "rx", state, "tso", state, "gso", state, "gro", state,
        ns=ns, check=False)
     sh("ip", "link", "set", dev, "up", ns=ns)
 
@@ -77,14 +81,14 @@ def socket_in(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
         os.close(there)
 
 
-def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
-    """A veth pair with one end in each namespace, both quiet and up."""
+def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str, *, offloads: bool = False) -> None:
+    """A veth pair with one end in each namespace, both quiet and up (:func:`quiet_link`)."""
     tmp_a, tmp_b = f"t{os.getpid() % 10000}{dev_a}"[:15], f"u{os.getpid() % 10000}{dev_b}"[:15]
     sh("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
     for tmp, ns, dev in ((tmp_a, ns_a, dev_a), (tmp_b, ns_b, dev_b)):
         sh("ip", "link", "set", tmp, "netns", ns)
         sh("ip", "link", "set", tmp, "name", dev, ns=ns)
-        quiet_link(dev, ns)
+        quiet_link(dev, ns, offloads=offloads)
 
 
 ETH_P_ALL = 0x0003

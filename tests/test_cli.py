@@ -220,6 +220,14 @@ def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_pat
     (["bench", "--loss", "--switch-cores", "2"], "--switch-cores: `switchagg bench --loss` does not use it"),
     (["bench", "--ddp", "--switch-steer", "slot"], "--switch-steer: `switchagg bench --ddp` does not use it"),
     (["bench", "--switch-cores", "65"], "--switch-cores 65: the switch runs on 1..64 cores"),
+    (["bench", "--link-rate", "500", "--slots", "3"], "--slots: `switchagg bench --link-rate` does not use it"),
+    (["bench", "--link-rate", "500", "--loss-rates", "1"],
+     "--loss-rates: `switchagg bench --link-rate` does not use it"),
+    (["bench", "--link-loss", "1"], "--link-loss: `switchagg bench (throughput)` does not use it"),
+    (["bench", "--loss", "--link-burst", "2"], "--link-burst: `switchagg bench --loss` does not use it"),
+    (["bench", "--ddp", "--workers", "2", "3"], "--workers 2 3: only `switchagg bench --link-rate` takes several"),
+    (["bench", "--link-rate", "500", "--values-per-packet", "400"], "--values-per-packet 400: the bed's links carry"),
+    (["bench", "--link-rate", "500", "--link-burst", "3"], "--link-burst 3: give a run of 1 or more packets, with"),
 ])
 def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, message):
     path = make_job(2, k=64).write(tmp_path / "job.toml")
@@ -231,8 +239,9 @@ def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, mess
 
 
 def test_bench_takes_one_mode():
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "--loss", "--ddp"])
+    for modes in (["--loss", "--ddp"], ["--loss", "--link-rate", "500"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", *modes])
 
 
 def test_every_flag_has_a_help_text_and_every_target_flag_says_its_default():
