@@ -943,14 +943,12 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     } else {
         if (s->w.min_rtt < INFINITY)  /* ambiguous: no round trip, but how long a resent packet waits */
             win_on_resend_result(&s->w, now - s->resends[t].resent_at);  /* (before any, mostly peers starting) */
-        if (e->state == SENT && e->order > s->rack_order && s->sends.head != NONE && s->w.min_rtt < INFINITY) {
-            /* RACK from a resent contribution's result; one that ends a silence gives what is out a probe
-             * timeout from now (Reduction._receive) */
-            double rtt = now - sent;
-            if (s->probes)
-                rtt = dmax(rtt, now - s->entries[s->sends.head].last_send + probe_timeout(&s->w));
+        if (e->state == SENT && s->probes && e->order > s->rack_order && s->sends.head != NONE
+                && s->w.min_rtt < INFINITY) {
+            /* RACK from a resent contribution's result that ends a silence, which gives what is out a
+             * probe timeout from now (Reduction._receive) */
             s->rack_order = e->order;
-            s->rack_rtt = rtt;
+            s->rack_rtt = dmax(now - sent, now - s->entries[s->sends.head].last_send + probe_timeout(&s->w));
         }
     }
     s->last_progress = s->probe_from = now;

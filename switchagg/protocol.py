@@ -522,19 +522,22 @@ class Reduction:
             if self.window.min_rtt < math.inf:  # ambiguous (Karn): no round trip, but how long a resent packet
                 # waits (before any round trip, what it waited is mostly peers still starting: nothing to learn)
                 self.window.on_resend_result(now - resent)
-            if state == SENT and order > self._rack_order and self._outstanding and self.window.min_rtt < math.inf:
-                # RACK takes a resent contribution's result as it takes any other (RFC 8985: not one that
-                # may answer the original, which is_spurious told, as it can once a round trip was
-                # measured, which also sizes the reorder window): what left before it and is still out
-                # is lost, so a probe's result finds a lost run of any length. Where it ends a silence,
-                # what is out may instead have waited for a late or stalled peer, whose results follow
-                # this one in the order it sends them: they get a probe timeout (two round trips) from
-                # now to come, not a window of resends at once.
-                rtt = now - sent
-                if self._probes:
-                    oldest = self._outstanding[next(iter(self._outstanding))][0]
-                    rtt = max(rtt, now - oldest + self.window.probe_timeout)
-                self._rack_order, self._rack_rtt = order, rtt
+            if state == SENT and self._probes and order > self._rack_order and self._outstanding \
+                    and self.window.min_rtt < math.inf:
+                # A resent contribution's result that ends a silence (the call probed) marks what left
+                # before it and is still out lost, as RACK marks what a later packet's result finds
+                # (RFC 8985: not a result that may answer the original, which is_spurious tells once a
+                # round trip was measured, which also sizes the reorder window): so a probe's result
+                # finds a lost run of any length. What is out may instead have waited for a late or
+                # stalled peer, whose results follow this one in the order that peer sends them: they
+                # get a probe timeout (two round trips) from now to come, not a window of resends at
+                # once. Without a silence a resend's result tells nothing of packets of later chunks
+                # sent before it: its chunk completes as soon as it comes, theirs when a peer behind
+                # a queue sends them (on links with a rate, taken for losses they were resent 6 times
+                # over).
+                oldest = self._outstanding[next(iter(self._outstanding))][0]
+                self._rack_order = order
+                self._rack_rtt = max(now - sent, now - oldest + self.window.probe_timeout)
         self.last_progress = self._probe_from = now
         self._first_result = min(self._first_result, now)
         if self._probes:  # a silence ended: what was resent during it need not wait out its backoff
