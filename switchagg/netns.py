@@ -36,16 +36,20 @@ def namespaces(prefix: str) -> list[str]:
     return [line.split()[0] for line in out if line.startswith(prefix)]
 
 
-def quiet_link(dev: str, ns: str | None = None) -> None:
-    """No IPv6 chatter, no offloads, up.
+def quiet_link(dev: str, ns: str | None = None, *, offloads: bool = False) -> None:
+    """No IPv6 chatter, no offloads (with ``offloads``, the kernel's defaults), up.
 
     Without checksum offload BMv2 never forwards a partial checksum as it is; without segmentation
     and receive offloads libpcap sizes BMv2's capture ring for the MTU rather than for 64 KB frames,
     so that ring holds ~1000 frames instead of ~32 and a burst is not dropped at the switch port.
+    Without them a UDP_SEGMENT send is also cut into datagrams at the veth, so that a firewall on
+    the far side sees each one; a veth with its default offloads (``tx-udp-segmentation`` on) passes
+    the super-packet whole, as one packet to the firewall, which the loss bench's ``gso`` bed wants.
     """
     sh("sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1", ns=ns)
-    sh("ethtool", "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off",
-       ns=ns, check=False)
+    if not offloads:
+        sh("ethtool", "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off",
+           ns=ns, check=False)
     sh("ip", "link", "set", dev, "up", ns=ns)
 
 
@@ -77,14 +81,14 @@ def socket_in(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
         os.close(there)
 
 
-def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str) -> None:
-    """A veth pair with one end in each namespace, both quiet and up."""
+def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str, *, offloads: bool = False) -> None:
+    """A veth pair with one end in each namespace, both quiet and up (:func:`quiet_link`'s ``offloads``)."""
     tmp_a, tmp_b = f"t{os.getpid() % 10000}{dev_a}"[:15], f"u{os.getpid() % 10000}{dev_b}"[:15]
     sh("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
     for tmp, ns, dev in ((tmp_a, ns_a, dev_a), (tmp_b, ns_b, dev_b)):
         sh("ip", "link", "set", tmp, "netns", ns)
         sh("ip", "link", "set", tmp, "name", dev, ns=ns)
-        quiet_link(dev, ns)
+        quiet_link(dev, ns, offloads=offloads)
 
 
 ETH_P_ALL = 0x0003
