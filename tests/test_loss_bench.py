@@ -89,18 +89,17 @@ def test_a_gso_drop_counts_the_datagrams_its_bytes_held():
 
 @pytest.fixture
 def bed_of():
-    """A bed of one worker under a prefix of its own (a bench running beside the tests keeps its beds)."""
+    """A bed of one worker, under a prefix of this process's (a bench running beside the tests keeps its beds)."""
     need("netns", missing())
     from switchagg import netns
 
-    beds = []
+    prefix = f"salt{os.getpid()}"
 
     def make(offloads: bool) -> Bed:
-        beds.append(Bed(1, offloads=offloads, prefix="salt"))
-        return beds[-1]
+        return Bed(1, offloads=offloads, prefix=prefix)
 
     yield make
-    for ns in netns.namespaces("salt"):
+    for ns in netns.namespaces(prefix):
         netns.delete_namespace(ns)
 
 
@@ -171,3 +170,20 @@ def test_the_loss_bench_reports_each_bed_with_its_run_length(capsys):
     assert rows[2][1] == "-" and float(rows[3][1]) > 8, out  # the gso bed's drops took super-packets
     assert re.search(r"^2 workers, resend, 1% loss, runs gso \([\d.]+ datagrams a drop\), round 1:", out, re.M), out
     assert re.search(r"^  growing sequence [\d.]+ s \([\d.]+x\)", out, re.M), out
+
+
+@pytest.mark.netns
+def test_a_bench_takes_down_the_beds_of_dead_benches_only():
+    need("netns", missing())
+    from switchagg import netns
+    from switchagg.benchmarks.loss import PREFIX, _own_prefix
+
+    dead, alive = f"{PREFIX}{2**22 + 1}-sw", f"{PREFIX}1-sw"  # above any pid_max; init's, which lives
+    for ns in (dead, alive):
+        netns.add_namespace(ns)
+    try:
+        assert _own_prefix() == f"{PREFIX}{os.getpid()}"
+        assert netns.namespaces(f"{PREFIX}{2**22 + 1}-") == [] and netns.namespaces(alive) == [alive]
+    finally:
+        for ns in (dead, alive):
+            netns.delete_namespace(ns)

@@ -28,8 +28,8 @@ total. The fixed sequence starts with its largest calls in a fresh client; the r
 small calls between large ones, whatever the window learned before (issue 27: small calls then
 stalled for 0.1-0.6 s at 5% loss); the growing one starts each call from what one of half its size
 left, and its second pass small calls from what the largest left. Needs root, ``ip``, ``nft`` and
-``ethtool``; it makes its namespaces and addresses (10.81.0.0/24, inside them only) and removes them
-when done.
+``ethtool``; it makes its namespaces (named after its process, so that benches side by side keep
+theirs) and addresses (10.81.0.0/24, inside them only) and removes them when done.
 
 ``python -m switchagg.benchmarks.loss CONFIG RANK OUT`` is one worker.
 """
@@ -59,7 +59,7 @@ from ..loopback import spawn_switch
 from ..wire import IP_UDP_OVERHEAD, datagram_size
 
 PRIMES = (131071, 65521, 8191, 509, 127, 3)  # lengths of the arrays each worker reduces
-PREFIX = "salb"
+PREFIX = "slb"  # a bench's namespaces are slb<its process id>-sw and -w<rank>
 SWITCH_IP = "10.81.0.254"
 RATES = (0.0, 0.1, 1.0, 5.0)  # percent, on each hop
 DUP = 1  # percent duplicated at the highest rate
@@ -209,11 +209,26 @@ def _worker(config: str, rank: int, out: str) -> None:
     np.savez(out, **results)
 
 
-def _teardown(prefix: str = PREFIX) -> None:
+def _teardown(prefix: str) -> None:
     from .. import netns
 
     for ns in netns.namespaces(prefix):
         netns.delete_namespace(ns)
+
+
+def _own_prefix() -> str:
+    """This process's beds' prefix, after removing the beds of benches that died without removing theirs.
+
+    A prefix of its own, so that two benches on one machine (or a bench and the tests' run of it)
+    do not take each other's namespaces down mid-run, as one fixed prefix did.
+    """
+    from .. import netns
+
+    for ns in netns.namespaces(PREFIX):
+        pid = ns[len(PREFIX):].partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            netns.delete_namespace(ns)
+    return f"{PREFIX}{os.getpid()}"
 
 
 class Bed:
@@ -225,7 +240,7 @@ class Bed:
     datagram crosses them on its own (:func:`switchagg.netns.quiet_link`).
     """
 
-    def __init__(self, n: int, *, offloads: bool, prefix: str = PREFIX) -> None:
+    def __init__(self, n: int, *, offloads: bool, prefix: str) -> None:
         from .. import netns
 
         self.n, self.offloads, self.prefix = n, offloads, prefix
@@ -378,13 +393,13 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
           f"(contribution and result) in runs of {' '.join(map(str, runs))}, {DUP}% duplication at "
           f"{max(rates):g}%, {rounds} round(s)")
     table: dict[tuple[int, str, Runs], list[Row]] = {}
-    bed: Bed | None = None
+    prefix, bed = _own_prefix(), None
     try:
         for n in worker_counts:
             runs_of: dict[tuple[str, Runs, float], list[_Run]] = {}
             for rnd, length in itertools.product(range(rounds), runs):
                 if bed is None or bed.n != n or bed.offloads != (length == GSO):
-                    bed = Bed(n, offloads=length == GSO)
+                    bed = Bed(n, offloads=length == GSO, prefix=prefix)
                 for recovery in recoveries:
                     cfg = dataclasses.replace(bed.config, loss_recovery=recovery)
                     lossless: _Run | None = None
@@ -405,7 +420,7 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
                 table[(n, recovery, length)] = [_row(recovery, length, rate, runs_of[(recovery, length, rate)])
                                                 for rate in dict.fromkeys(rates)]
     finally:
-        _teardown()
+        _teardown(prefix)
     print(tables(table, rounds))
     if plot:
         _plot(plot, table)
