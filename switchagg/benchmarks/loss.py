@@ -43,6 +43,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -316,6 +317,9 @@ def _run(bed: Bed, cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.nda
                                     env=env, stderr=subprocess.PIPE, text=True) for r in range(cfg.n_workers)]
         for r, w in enumerate(workers):
             _, err = w.communicate(timeout=1800)
+            if w.returncode < 0:  # a signal, with nothing on stderr: say so rather than print an empty reason
+                raise SwitchAggError(f"loss bench worker {r} was killed by {signal.Signals(-w.returncode).name} "
+                                     "(not by the bench: another process sent it); run the bench again")
             if w.returncode:
                 raise SwitchAggError(f"loss bench worker {r} failed: {err[-2000:]}")
     finally:
