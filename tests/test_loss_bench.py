@@ -60,10 +60,10 @@ def test_the_loss_bench_refuses_a_run_length_or_rate_it_cannot_make_before_it_bu
             run_loss_bench(runs=runs, rates=rates)
 
 
-def _row(runs: int | str, length: float | None, rate: float) -> Row:
+def _row(runs: int | str, length: float | None, rate: float, finished: int = 1, failed: int = 0) -> Row:
     calls = Calls(1.0, 1.5, 1.2, 3.0, 4.0)
     return Row("resend", runs, length, rate, 0.5, 2.0, 1.8, 2.2, 10, 0, 40, True,
-               {"random": calls, "growing": calls})
+               {"random": calls, "growing": calls}, finished, failed)
 
 
 def test_the_tables_print_the_run_length_next_to_the_rate_and_name_each_bed_in_the_summary():
@@ -79,6 +79,11 @@ def test_the_tables_print_the_run_length_next_to_the_rate_and_name_each_bed_in_t
     assert rows == expect * 3, out  # the loss table, the random sequence's and the growing one's
     assert "slowdown_at_max_loss=7w-resend:2.00 7w-resend-runs8:2.00 7w-resend-gso:2.00" in out
     assert "growing_at_max_loss=7w-resend:total 1.50 p99 3.00 " in out
+
+
+def test_a_row_says_how_many_of_its_runs_failed():
+    out = tables({(7, "resend", 64): [_row(64, 64.0, 1.0, finished=2, failed=1), _row(64, 64.0, 5.0, 0, 3)]}, 3)
+    assert re.findall(r"  (yes, 1 failed|failed)$", out, re.M) == ["yes, 1 failed", "failed"], out
 
 
 def test_a_gso_drop_counts_the_datagrams_its_bytes_held():
@@ -187,3 +192,31 @@ def test_a_bench_takes_down_the_beds_of_dead_benches_only():
     finally:
         for ns in (dead, alive):
             netns.delete_namespace(ns)
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("failing", [1, 2])
+def test_a_failed_run_is_reported_and_the_bench_goes_on(capsys, monkeypatch, failing):
+    """A run whose call stalls leaves its row failed and the exit status 1; a failed lossless run leaves
+    the rates after it without a baseline, failed too."""
+    need("netns", missing())
+    from switchagg.benchmarks import loss
+
+    real, calls = loss._run, []
+
+    def run(*args):
+        calls.append(args)
+        if len(calls) == failing:
+            raise SwitchAggError("loss bench worker 1 failed: Traceback ...\nStallError: no result for 30.0 s")
+        return real(*args)
+
+    monkeypatch.setattr(loss, "_run", run)
+    assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), recoveries=("resend",)) == 1
+    out = capsys.readouterr().out
+    line = re.search(r"^2 workers, resend, (\S+)% loss, runs 1, round 1: FAILED \(StallError: no result for 30.0 s\)"
+                     r"(.*)$", out, re.M)
+    assert line and line[1] == ("0" if failing == 1 else "1"), out
+    assert line[2] == (", so no lossless time for the rates after it" if failing == 1 else ""), out
+    verdicts = re.findall(r"^ +2 +resend +1 +1 +([\d.]+) .*  (yes|NO|failed)$", out, re.M)
+    assert verdicts == ([("0", "failed"), ("1", "failed")] if failing == 1 else [("0", "yes"), ("1", "failed")]), out
+    assert len(calls) == failing  # the bench went on after a lossy run failed; it had nothing to compare with after

@@ -97,8 +97,17 @@ class Row(NamedTuple):
     resent: int  # contributions sent again, all ranks and rounds
     asked: int  # QUERY packets, all ranks and rounds
     dropped: int  # datagrams nftables dropped, all rounds
-    exact: bool  # in every round
+    exact: bool  # in every round that finished
     sequences: dict[str, Calls]  # each sequence's figures, by its name in SEQUENCES
+    finished: int  # runs that finished (the figures are theirs)
+    failed: int  # and runs that failed (a stalled call, say), or had no lossless run to compare with
+
+    def verdict(self) -> str:
+        """Whether every sum was bit-exact, and how many runs failed and left no sums to check."""
+        if not self.finished:
+            return "failed"
+        word = "yes" if self.exact else "NO"
+        return f"{word}, {self.failed} failed" if self.failed else word
 
     def per_drop(self, what: int) -> str:
         return f"{what / self.dropped:.2f}" if self.dropped else "-"
@@ -311,18 +320,24 @@ def _run(bed: Bed, cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.nda
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except RuntimeError as exc:
         raise SwitchAggError(f"the switch did not start in namespace {bed.ns(None)}: {exc}") from None
+    workers: list[subprocess.Popen] = []
     try:
-        workers = [subprocess.Popen(["ip", "netns", "exec", bed.ns(r), sys.executable, "-m",
-                                     "switchagg.benchmarks.loss", str(path), str(r), str(workdir / f"r{r}.npz")],
-                                    env=env, stderr=subprocess.PIPE, text=True) for r in range(cfg.n_workers)]
+        for r in range(cfg.n_workers):
+            workers.append(subprocess.Popen(["ip", "netns", "exec", bed.ns(r), sys.executable, "-m",
+                                             "switchagg.benchmarks.loss", str(path), str(r),
+                                             str(workdir / f"r{r}.npz")], env=env, stderr=subprocess.PIPE, text=True))
         for r, w in enumerate(workers):
             _, err = w.communicate(timeout=1800)
             if w.returncode < 0:  # a signal, with nothing on stderr: say so rather than print an empty reason
                 raise SwitchAggError(f"loss bench worker {r} was killed by {signal.Signals(-w.returncode).name} "
-                                     "(not by the bench: another process sent it); run the bench again")
+                                     "(the bench sends none: another process or the kernel did)")
             if w.returncode:
                 raise SwitchAggError(f"loss bench worker {r} failed: {err[-2000:]}")
-    finally:
+    finally:  # the workers a failed one left behind would hold the bed's addresses in the next run
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.communicate()
         switch.terminate()
         switch.wait(10)
     runs = [dict(np.load(workdir / f"r{r}.npz")) for r in range(cfg.n_workers)]
@@ -401,16 +416,29 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
     try:
         for n in worker_counts:
             runs_of: dict[tuple[str, Runs, float], list[_Run]] = {}
+            failed: dict[tuple[str, Runs, float], int] = {}
             for rnd, length in itertools.product(range(rounds), runs):
                 if bed is None or bed.n != n or bed.offloads != (length == GSO):
                     bed = Bed(n, offloads=length == GSO, prefix=prefix)
                 for recovery in recoveries:
                     cfg = dataclasses.replace(bed.config, loss_recovery=recovery)
                     lossless: _Run | None = None
-                    for rate in rates:
+                    for i, rate in enumerate(rates):
                         bed.impair(length, rate, DUP if rate == max(rates) and rate else 0)
-                        with tempfile.TemporaryDirectory() as tmp:
-                            ranks, seconds = _run(bed, cfg, Path(tmp))
+                        try:
+                            with tempfile.TemporaryDirectory() as tmp:
+                                ranks, seconds = _run(bed, cfg, Path(tmp))
+                        except SwitchAggError as exc:  # a call that stalled, say: the other runs still tell
+                            lost = rates[i:] if lossless is None else (rate,)  # no lossless run: no ratios
+                            for r in lost:
+                                failed[(recovery, length, r)] = failed.get((recovery, length, r), 0) + 1
+                            print(f"{n} workers, {recovery}, {rate:g}% loss, runs {length}, round {rnd + 1}: FAILED "
+                                  f"({str(exc).strip().splitlines()[-1]})"
+                                  + (", so no lossless time for the rates after it" if len(lost) > 1 else ""),
+                                  flush=True)
+                            if lossless is None:
+                                break
+                            continue
                         packets, nbytes = bed.drops()
                         calls = {name: call_times(ranks, name) for name in SEQUENCES}
                         lossless = lossless or _Run(seconds, ranks, 0, 0, 0, 0, True, seconds, calls, calls)
@@ -421,7 +449,8 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
                         runs_of.setdefault((recovery, length, rate), []).append(run)
                         print(_run_line(n, recovery, length, rate, rnd, run), flush=True)
             for recovery, length in itertools.product(recoveries, runs):
-                table[(n, recovery, length)] = [_row(recovery, length, rate, runs_of[(recovery, length, rate)])
+                table[(n, recovery, length)] = [_row(recovery, length, rate, runs_of.get((recovery, length, rate), []),
+                                                     failed.get((recovery, length, rate), 0))
                                                 for rate in dict.fromkeys(rates)]
     finally:
         _teardown(prefix)
@@ -429,7 +458,7 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
     if plot:
         _plot(plot, table)
         print(f"plot: {plot}", file=sys.stderr)
-    return 0 if all(r.exact for rows in table.values() for r in rows) else 1
+    return 0 if all(r.exact and not r.failed for rows in table.values() for r in rows) else 1
 
 
 class _Run(NamedTuple):
@@ -466,13 +495,17 @@ def _run_line(n: int, recovery: str, runs: Runs, rate: float, rnd: int, run: _Ru
     return line
 
 
-def _row(recovery: str, runs: Runs, rate: float, group: list[_Run]) -> Row:
+def _row(recovery: str, runs: Runs, rate: float, group: list[_Run], failed: int) -> Row:
+    if not group:  # every round's run failed
+        nan = float("nan")
+        return Row(recovery, runs, None, rate, nan, nan, nan, nan, 0, 0, 0, False,
+                   dict.fromkeys(SEQUENCES, Calls(nan, nan, nan, nan, nan)), 0, failed)
     ratios = [r.seconds / r.lossless for r in group]
     dropped = sum(r.dropped for r in group)
     return Row(recovery, runs, run_length(runs, dropped, sum(r.packets for r in group)), rate,
                float(np.median([r.seconds for r in group])), float(np.median(ratios)), min(ratios), max(ratios),
                sum(r.resent for r in group), sum(r.asked for r in group), dropped, all(r.exact for r in group),
-               {name: _calls(name, group) for name in SEQUENCES})
+               {name: _calls(name, group) for name in SEQUENCES}, len(group), failed)
 
 
 def _calls(name: str, group: list[_Run]) -> Calls:
@@ -496,7 +529,7 @@ def tables(table: dict[tuple[int, str, Runs], list[Row]], rounds: int) -> str:
             spread = f"{r.low:.2f}-{r.high:.2f}" if rounds > 1 else "-"
             lines.append(f"{n:>7}  {r.recovery:>8}  {r.runs!s:>4}  {r.length():>7}  {r.rate:>5g}  {r.seconds:>7.2f}  "
                          f"{r.slowdown:>10.2f}  {spread:>9}  {r.resent:>6}  {r.asked:>5}  {r.dropped:>7}  "
-                         f"{r.per_drop(r.resent):>14}  {r.per_drop(r.asked):>13}  {'yes' if r.exact else 'NO'}")
+                         f"{r.per_drop(r.resent):>14}  {r.per_drop(r.asked):>13}  {r.verdict()}")
     about = {"random": f"{RANDOM_CALLS} calls of 1-{RANDOM_MAX} values, seed {RANDOM_SEED}",
              "growing": f"1, 2, 4 ... {RANDOM_MAX} values, {GROWING_PASSES} passes, int32 and float32 in turn"}
     for name in SEQUENCES:
