@@ -200,7 +200,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 # The bench's flags that only one of its modes reads (their defaults are applied by _cmd_bench, so
 # that a flag given to a mode that ignores it can be told from one left out, and refused).
 _THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo", "switch_cores", "switch_steer")
-_LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery")
+_LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery", "loss_runs")
 _LINK_FLAGS = ("link_loss", "link_burst")
 
 
@@ -227,7 +227,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS, *_LINK_FLAGS), " --loss")
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
-                              plot=args.plot)
+                              runs=tuple(int(r) if r.isdigit() else r for r in args.loss_runs or ["1"]), plot=args.plot)
     workers = _one_count(args.workers)
     if args.ddp or args.fsdp:
         from .benchmarks.training import run_training_bench
@@ -416,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "its lossy time")
     p.add_argument("--link-burst", type=int, metavar="N",
                    help="with --link-loss: drop in runs of N consecutive packets at the same average rate")
+    p.add_argument("--loss-runs", nargs="+", metavar="RUN",
+                   help="run lengths --loss compares (default 1): 1 drops each packet on its own, N runs of N "
+                        "packets in a row at the same rate, gso whole GSO super-packets (links with the kernel's "
+                        "default offloads)")
     p.set_defaults(fn=_cmd_bench)
     return parser
 

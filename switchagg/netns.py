@@ -36,20 +36,25 @@ def namespaces(prefix: str) -> list[str]:
     return [line.split()[0] for line in out if line.startswith(prefix)]
 
 
-def quiet_link(dev: str, ns: str | None = None, *, offloads: bool = False) -> None:
-    """No IPv6 chatter, no offloads (or all of them, with ``offloads``), up.
+def quiet_link(dev: str, ns: str | None = None, *, offloads: str = "off") -> None:
+    """No IPv6 chatter, up, with ``offloads`` "off" (none), "default" (the kernel's) or "on" (all).
 
     Without checksum offload BMv2 never forwards a partial checksum as it is; without segmentation
     and receive offloads libpcap sizes BMv2's capture ring for the MTU rather than for 64 KB frames,
     so that ring holds ~1000 frames instead of ~32 and a burst is not dropped at the switch port.
-    With ``offloads`` a link behaves as a NIC's does: a socket's batch of segments (TCP's, or
+    Without them a UDP_SEGMENT send is also cut into datagrams at the veth, so that a firewall on
+    the far side sees each one; a veth with its default offloads (``tx-udp-segmentation`` on) passes
+    the super-packet whole, as one packet to the firewall, which the loss bench's ``gso`` bed wants.
+    With all of them on a link behaves as a NIC's does: a socket's batch of segments (TCP's, or
     UDP's GSO) crosses it as one buffer, and its receive side merges segments (GRO, which a veth
-    does only when asked), so the kernel's work goes by the buffer, not by the packet.
+    does only when asked), so the kernel's work goes by the buffer, not by the packet (the link bench).
     """
+    if offloads not in ("off", "default", "on"):
+        raise ValueError(f"offloads={offloads!r}: use 'off', 'default' or 'on'")
     sh("sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1", ns=ns)
-    state = "on" if offloads else "off"
-    sh("ethtool", "-K", dev, "tx", state, "rx", state, "tso", state, "gso", state, "gro", state,
-       ns=ns, check=False)
+    if offloads != "default":
+        sh("ethtool", "-K", dev, "tx", offloads, "rx", offloads, "tso", offloads, "gso", offloads, "gro", offloads,
+           ns=ns, check=False)
     sh("ip", "link", "set", dev, "up", ns=ns)
 
 
@@ -81,8 +86,8 @@ def socket_in(ns: str, family: int, kind: int, proto: int = 0) -> socket.socket:
         os.close(there)
 
 
-def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str, *, offloads: bool = False) -> None:
-    """A veth pair with one end in each namespace, both quiet and up (:func:`quiet_link`)."""
+def veth_between(ns_a: str, dev_a: str, ns_b: str, dev_b: str, *, offloads: str = "off") -> None:
+    """A veth pair with one end in each namespace, both quiet and up (:func:`quiet_link`'s ``offloads``)."""
     tmp_a, tmp_b = f"t{os.getpid() % 10000}{dev_a}"[:15], f"u{os.getpid() % 10000}{dev_b}"[:15]
     sh("ip", "link", "add", tmp_a, "type", "veth", "peer", "name", tmp_b)
     for tmp, ns, dev in ((tmp_a, ns_a, dev_a), (tmp_b, ns_b, dev_b)):

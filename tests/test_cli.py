@@ -213,6 +213,7 @@ def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_pat
     (["bench", "--ddp", "--rounds", "2", "--plot", "x.png"],
      "--rounds, --plot: `switchagg bench --ddp` does not use them"),
     (["bench", "--loss-rates", "1"], "--loss-rates: `switchagg bench (throughput)` does not use it"),
+    (["bench", "--loss-runs", "8"], "--loss-runs: `switchagg bench (throughput)` does not use it"),
     (["switch", "--slots", "0"], "--slots 0: a switch has 1..65536 slots"),
     (["switch", "--cores", "0"], "--cores 0: the switch runs on 1..64 cores"),
     (["switch", "--steer", "slot"], "--steer: a switch on one core steers nothing"),

@@ -127,12 +127,12 @@ def test_the_loss_bench_measures_a_lossy_run_against_a_lossless_one(capsys, tmp_
     plot = tmp_path / "loss.png"
     assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), rounds=2, plot=str(plot)) == 0
     out = capsys.readouterr().out
-    rows = re.findall(r"^ +2 +(resend|query) +([\d.]+) +[\d.]+ +([\d.]+) +([\d.]+)-([\d.]+) +(\d+) +(\d+) +(\d+) "
+    rows = re.findall(r"^ +2 +(resend|query) +1 +1 +([\d.]+) +[\d.]+ +([\d.]+) +([\d.]+)-([\d.]+) +(\d+) +(\d+) +(\d+) "
                       r"+\S+ +\S+ +(yes|NO)$", out, re.M)
     assert [r[:2] for r in rows] == [("resend", "0"), ("resend", "1"), ("query", "0"), ("query", "1")], out
     assert all(r[8] == "yes" for r in rows), out
     assert all(float(r[3]) <= float(r[2]) <= float(r[4]) for r in rows), out  # the median within the rounds' range
-    assert len(re.findall(r"^2 workers, \w+, [\d.]+% loss, round 2:", out, re.M)) == 4, out
+    assert len(re.findall(r"^2 workers, \w+, [\d.]+% loss, runs 1, round 2:", out, re.M)) == 4, out
     for lossless, lossy in (rows[:2], rows[2:]):  # no resend without loss (its rule drops none); under loss
         assert lossless[2] == "1.00" and lossless[5] == lossless[7] == "0" and int(lossy[7]) > 0  # nft did
     assert plot.read_bytes()[:4] == b"\x89PNG"

@@ -166,11 +166,11 @@ def build(n: int, *, per_packet: bool = False) -> None:
     sw = _ns(None)
     netns.add_namespace(sw)
     netns.sh("ip", "link", "add", "br0", "type", "bridge", ns=sw)
-    netns.quiet_link("br0", sw, offloads=True)
+    netns.quiet_link("br0", sw, offloads="on")
     netns.sh("ip", "addr", "add", f"{SWITCH_IP}/24", "dev", "br0", ns=sw)
     for i in range(n):
         netns.add_namespace(_ns(i))
-        netns.veth_between(_ns(i), "eth0", sw, f"s{i}", offloads=True)
+        netns.veth_between(_ns(i), "eth0", sw, f"s{i}", offloads="on")
         netns.sh("ip", "link", "set", f"s{i}", "master", "br0", ns=sw)
         netns.sh("ip", "addr", "add", f"{_address(i)}/24", "dev", "eth0", ns=_ns(i))
     if per_packet:
