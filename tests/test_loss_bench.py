@@ -220,3 +220,15 @@ def test_a_failed_run_is_reported_and_the_bench_goes_on(capsys, monkeypatch, fai
     verdicts = re.findall(r"^ +2 +resend +1 +1 +([\d.]+) .*  (yes|NO|failed)$", out, re.M)
     assert verdicts == ([("0", "failed"), ("1", "failed")] if failing == 1 else [("0", "yes"), ("1", "failed")]), out
     assert len(calls) == failing  # the bench went on after a lossy run failed; it had nothing to compare with after
+
+
+@pytest.mark.netns
+def test_a_run_past_the_limit_fails_and_the_bench_goes_on(capsys, monkeypatch):
+    need("netns", missing())
+    from switchagg.benchmarks import loss
+
+    monkeypatch.setattr(loss, "RUN_LIMIT", 0.01)  # no job's workers start that fast
+    assert run_loss_bench(worker_counts=(2,), rates=(0.0, 1.0), recoveries=("resend",), runs=(1, 8)) == 1
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^2 workers, resend, 0% loss, runs (1|8), round 1: FAILED \(loss bench worker 0 had not "
+                          r"finished after 0.01 s\), so no lossless time", out, re.M)) == 2, out

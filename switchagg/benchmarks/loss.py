@@ -69,6 +69,7 @@ RANDOM_MAX = 1 << 18  # values in its largest call, and in the growing sequence'
 RANDOM_SEED = 27
 GROWING_PASSES = 2  # times the growing sequence climbs from 1 value to RANDOM_MAX
 GSO = "gso"  # the run length of the bed whose links keep the kernel's offloads
+RUN_LIMIT = 1800  # s a run may take before the bench calls it failed and goes on
 
 Runs = int | str  # a bed's run length: the packets a drop takes (1, or N in a row), or GSO
 
@@ -145,7 +146,10 @@ def drop_match(runs: Runs, rate: float) -> str:
     packets that reach the rule, on its own counter, one per hop. The runs are periodic on that
     counter, which every packet of the hop advances (every worker's at the switch's input, the
     retransmissions, the calls before), so they fall anywhere in a call; the first P - N packets
-    pass, so that the first run is not the workers' joins. At 0% the same counter runs and drops none.
+    pass, so that the first run is not the workers' joins. A run counts packets, not time: where a
+    call waits and only its timers' resends and probes reach a hop, a run there takes the next N of
+    them however far apart they come, as a queue that overflows under load would not. At 0% the
+    same counter runs and drops none.
     """
     if runs in (1, GSO):
         return f"numgen random mod 1000 < {round(rate * 10)}"
@@ -328,7 +332,10 @@ def _run(bed: Bed, cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.nda
                                              "switchagg.benchmarks.loss", str(path), str(r),
                                              str(workdir / f"r{r}.npz")], env=env, stderr=subprocess.PIPE, text=True))
         for r, w in enumerate(workers):
-            _, err = w.communicate(timeout=1800)
+            try:
+                _, err = w.communicate(timeout=RUN_LIMIT)
+            except subprocess.TimeoutExpired:
+                raise SwitchAggError(f"loss bench worker {r} had not finished after {RUN_LIMIT} s") from None
             if w.returncode < 0:  # a signal, with nothing on stderr: say so rather than print an empty reason
                 raise SwitchAggError(f"loss bench worker {r} was killed by {signal.Signals(-w.returncode).name} "
                                      "(the bench sends none: another process or the kernel did)")
