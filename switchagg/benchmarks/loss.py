@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -590,8 +590,8 @@ def _plot(path: str, table: dict[tuple[int, str, Runs], list[Row]]) -> None:
             for r in rows:
                 if r.runs == GSO:
                     ax.annotate(GSO, (r.run_length, value(r)), textcoords="offset points", xytext=(4, 4))
-                if not r.finished:  # no figure to draw: a cross at the top says the runs failed
-                    ax.plot(r.run_length, 0.97, "x", color=line.get_color(), transform=ax.get_xaxis_transform())
+                if not r.finished:
+                    _plot_failed(ax, r.run_length, line.get_color())
         ax.set_xscale("log", base=2)
         ax.set(title=f"{title} per run length", xlabel="datagrams a drop takes (gso: measured)",
                ylabel="time over lossless (x at the top: failed)")
@@ -602,6 +602,11 @@ def _plot(path: str, table: dict[tuple[int, str, Runs], list[Row]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_failed(ax: Any, x: float, color: str) -> None:
+    """A rate and run length whose runs all failed have no figure to draw: a cross at the top says so."""
+    ax.plot(x, 0.97, "x", color=color, transform=ax.get_xaxis_transform())
 
 
 if __name__ == "__main__":
