@@ -86,6 +86,18 @@ def test_a_row_says_how_many_of_its_runs_failed():
     assert re.findall(r"  (yes, 1 failed|failed)$", out, re.M) == ["yes, 1 failed", "failed"], out
 
 
+def test_the_plot_draws_each_run_length_and_the_failed_ones(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from switchagg.benchmarks import loss
+
+    drawn = []
+    monkeypatch.setattr(loss, "_plot_failed", lambda ax, x, color: drawn.append(x))
+    table = {(7, "resend", runs): [_row(runs, length, 0.0), _row(runs, length, 5.0, finished=0, failed=1)]
+             for runs, length in ((1, 1.0), (64, 64.0))}
+    loss._plot(str(tmp_path / "loss.png"), table)
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG" and drawn == [1.0, 64.0] * 3  # a cross a panel
+
+
 def test_a_gso_drop_counts_the_datagrams_its_bytes_held():
     assert dropped_datagrams(GSO, 2, 2 * (28 + 64 * 280), 64) == 128  # two super-packets of 64
     assert dropped_datagrams(8, 16, 16 * 308, 64) == 16  # without offloads a packet is a datagram

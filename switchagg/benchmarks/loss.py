@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -506,7 +506,7 @@ def _run_line(n: int, recovery: str, runs: Runs, rate: float, rnd: int, run: _Ru
 def _row(recovery: str, runs: Runs, rate: float, group: list[_Run], failed: int) -> Row:
     if not group:  # every round's run failed
         nan = float("nan")
-        return Row(recovery, runs, None, rate, nan, nan, nan, nan, 0, 0, 0, False,
+        return Row(recovery, runs, run_length(runs, 0, 0), rate, nan, nan, nan, nan, 0, 0, 0, False,
                    dict.fromkeys(SEQUENCES, Calls(nan, nan, nan, nan, nan)), 0, failed)
     ratios = [r.seconds / r.lossless for r in group]
     dropped = sum(r.dropped for r in group)
@@ -586,14 +586,16 @@ def _plot(path: str, table: dict[tuple[int, str, Runs], list[Row]]) -> None:
     for ax, (title, value) in zip(by_length, panels, strict=True):
         for (n, recovery, rate), rows in lines.items():
             rows = sorted(rows, key=lambda r: r.run_length)
-            ax.plot([r.run_length for r in rows], [value(r) for r in rows], "o-",
-                    label=f"{n} workers, {recovery}, {rate:g}%")
+            (line,) = ax.plot([r.run_length for r in rows], [value(r) for r in rows], "o-",
+                              label=f"{n} workers, {recovery}, {rate:g}%")
             for r in rows:
                 if r.runs == GSO:
                     ax.annotate(GSO, (r.run_length, value(r)), textcoords="offset points", xytext=(4, 4))
+                if not r.finished:
+                    _plot_failed(ax, r.run_length, line.get_color())
         ax.set_xscale("log", base=2)
         ax.set(title=f"{title} per run length", xlabel="datagrams a drop takes (gso: measured)",
-               ylabel="time over lossless")
+               ylabel="time over lossless (x at the top: failed)")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         if ax.has_data():
@@ -601,6 +603,11 @@ def _plot(path: str, table: dict[tuple[int, str, Runs], list[Row]]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_failed(ax: Any, x: float, color: str) -> None:
+    """A rate and run length whose runs all failed have no figure to draw: a cross at the top says so."""
+    ax.plot(x, 0.97, "x", color=color, transform=ax.get_xaxis_transform())
 
 
 if __name__ == "__main__":
