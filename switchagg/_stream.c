@@ -797,8 +797,8 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     uint32_t bitmap = get32(p + OFF_KEY);
     long retries = e->retries;
     if (!(bitmap >> s->worker & 1) || bitmap == s->all) {
-        /* lost, and so is what went with it: the packets sent once no later than its first send go too
-         * (Reduction._receive_pending) */
+        /* lost, and so is what went with it: its run (the packets waiting on this QUERY) and the packets
+         * sent once no later than its first send go too (Reduction._receive_pending) */
         double first_send = s->resends[t].first_send;
         unlist(s, t);
         s->retransmissions++;
@@ -1066,8 +1066,10 @@ static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
             uint32_t first = oldest;
             while (first != NONE && e[first].retries)
                 first = e[first].link[SENDS][NEXT];
-            if (first != NONE || !s->probes) {
-                best = first != NONE ? first : oldest;  /* every packet out went again: the oldest, once */
+            if (first == NONE && !s->probes)  /* every packet out went again: the oldest, once */
+                first = oldest;
+            if (first != NONE) {
+                best = first;
                 *when = s->probe_from + probe_timeout(&s->w) * ldexp(1.0, (int)s->probes);
                 *why = PROBE;
             }

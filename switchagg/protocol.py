@@ -605,16 +605,17 @@ class Reduction:
                 # Before the job answered, silence means peers are starting. After, it is a lost run
                 # with no later packet to reveal it (a call's last packets, or all that is out: a queue
                 # that overflowed, or a GSO batch dropped whole) or a late or stalled peer: a probe
-                # costs a packet, and its result finds the run (RACK). One per silence, whose own timer
-                # then resends it as it backs off; at a call's tail, a probe per doubling wait.
-                # The probe is the oldest packet sent once: every peer has sent it if any has, so it
-                # completes where this worker's run was lost, and its result is of a send after all
-                # that is out, which finds the rest of the run (RACK). Where every packet out went
-                # again already (a run of results lost after their resends), the oldest: their own
-                # timers learned their waits behind peers' recoveries, and back off from there: once.
+                # costs a packet. One per silence, whose own timer then resends it as it backs off; at
+                # a call's tail, a probe per doubling wait. The probe is the oldest packet sent once:
+                # every peer has sent it if any has, so it completes where this worker's run was lost,
+                # and its result, of a send after all that is out, finds the rest of the run (RACK).
+                # Where every packet out went again already (a run of results lost after their
+                # resends), the oldest, once: their own timers learned their waits behind peers'
+                # recoveries, and back off from there.
                 probe = next((u for u in self._outstanding if not self._outstanding[u][1]), None)
-                if probe is not None or not self._probes:
-                    probe = oldest if probe is None else probe
+                if probe is None and not self._probes:
+                    probe = oldest
+                if probe is not None:
                     best = (probe, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
         timer = self._first_timer()
         if timer is not None and (best is None or timer[0] < best[1]):
@@ -670,11 +671,11 @@ class Reduction:
                     and not (retries and self._outstanding[t][6] == SENT)):
                 # A run found lost at once (sent together, found together) asks one QUERY, whose answer
                 # holds for all of it (_receive_pending): not a QUERY and a PENDING a packet of the run.
-                run = (now, self._outstanding[t][2])
-                if why == LOST and not retries and run == self._run_asked:
-                    self._send(t, now, 1, ASKED, post=False)
-                    continue
                 if why == LOST and not retries:
+                    run = (now, self._outstanding[t][2])
+                    if run == self._run_asked:
+                        self._send(t, now, 1, ASKED, post=False)
+                        continue
                     self._run_asked = run
                 self.queries += 1
                 self._send(t, now, retries + 1, ASKED)
