@@ -39,8 +39,11 @@ def test_tbfs_queue_holds_twice_the_largest_window_and_its_bucket_a_millisecond(
 
 
 def test_a_burst_drops_runs_of_packets_at_the_loss_rate():
-    assert links.burst_rule(1.0, 4) == "numgen inc mod 400 < 4"
-    assert links.burst_rule(2.5, 3) == "numgen inc mod 120 < 3"
+    """--link-burst drops with the loss bench's rule (the last N of every N x 100 / rate packets)."""
+    from switchagg.benchmarks.loss import drop_match
+
+    assert drop_match(4, 1.0) == "numgen inc mod 400 >= 396"
+    assert drop_match(3, 2.5) == "numgen inc mod 120 >= 117"
 
 
 @pytest.mark.parametrize(("given", "message"), [

@@ -132,12 +132,6 @@ def tbf_sizes(mbit: float, ks: Sequence[int]) -> tuple[int, int]:
     return burst, burst + max(round(rate * QUEUE_SECONDS), 2 * max(window_bytes(k) for k in ks))
 
 
-def burst_rule(percent: float, run: int) -> str:
-    """The nftables expression that drops runs of ``run`` consecutive packets, ``percent`` of them on average."""
-    period = round(run * 100 / percent)
-    return f"numgen inc mod {period} < {run}"
-
-
 def _ns(i: int | None) -> str:
     return f"{PREFIX}-sw" if i is None else f"{PREFIX}-w{i}"
 
@@ -218,8 +212,9 @@ def _tbf_drops(n: int) -> int:
 def impair(n: int, percent: float, run: int | None) -> None:
     """Drop ``percent`` of switchagg's packets at every namespace's input (in runs of ``run``, if given)."""
     from .. import netns
+    from .loss import drop_match
 
-    drop = burst_rule(percent, run) if run and percent else f"numgen random mod 1000 < {round(percent * 10)}"
+    drop = drop_match(run or 1, percent)
     for i in [None, *range(n)]:
         ns = _ns(i)
         netns.sh("nft", "delete", "table", "ip", PREFIX, ns=ns, check=False)
