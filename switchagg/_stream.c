@@ -129,8 +129,9 @@ typedef struct {
     uint16_t job;
     uint8_t worker;
     uint32_t key, generation, first_id;
-    int log2n;  /* bits of headroom for n workers */
-    unsigned int n_workers;
+    int log2n;  /* bits of headroom for the call's ranks */
+    unsigned int n_workers;  /* the job's on this switch: its PENDING bitmap's bits (a leaf's fan-in in a tree) */
+    unsigned int rank, ranks;  /* the call's: this rank and how many (a tree's, docs/protocol.md section 10) */
     int ask_first;  /* StreamParams.ask_first */
     uint32_t all;  /* a PENDING's bitmap of a finished sum: every worker's bit */
     Py_ssize_t slots, k, n_chunks, rounds, total, numel;
@@ -852,7 +853,8 @@ static inline int result_fits(const Stream *s, const unsigned char *p, Py_ssize_
     int owner = owner_of(s, t);
     if (owner < 0)
         return !(p[OFF_FLAGS] & FLAG_OWNER) && owner_count == (uint32_t)s->k;
-    return (p[OFF_FLAGS] & FLAG_OWNER) && owner_count == ((uint32_t)owner << 16 | (owner == s->worker ? (uint32_t)s->k : 0));
+    return (p[OFF_FLAGS] & FLAG_OWNER)
+           && owner_count == ((uint32_t)owner << 16 | ((unsigned int)owner == s->rank ? (uint32_t)s->k : 0));
 }
 
 /* Whether header p carries this call's worker, job, generation and key: two loads against the call's
@@ -1188,8 +1190,8 @@ static PyObject *Stream_pending(Stream *s, PyObject *Py_UNUSED(ignored)) {
 /* A reduce-scatter's buffers and chunks fit its layout: x holds every rank's shard, out this rank's
  * alone, and every shard has per_shard chunks. */
 static int layout_fits_scatter(const Stream *s) {
-    return s->out.itemsize == 4 && s->out.len == 4 * s->shard && s->numel == (Py_ssize_t)s->n_workers * s->shard
-           && s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers;
+    return s->out.itemsize == 4 && s->out.len == 4 * s->shard && s->numel == (Py_ssize_t)s->ranks * s->shard
+           && s->n_chunks == (Py_ssize_t)s->ranks * s->per_shard && s->rank < s->ranks && s->ranks <= 256;
 }
 
 /* x and out fit the call: a plain one's the layout's values, a staged one's rows of K (every data chunk's
@@ -1197,7 +1199,8 @@ static int layout_fits_scatter(const Stream *s) {
 static int buffers_fit(const Stream *s) {
     if (s->staged)
         return s->floats && s->x.len == 4 * s->k * s->n_chunks
-               && (s->scatter ? s->n_chunks == (Py_ssize_t)s->n_workers * s->per_shard && s->worker < s->n_workers
+               && (s->scatter ? s->n_chunks == (Py_ssize_t)s->ranks * s->per_shard && s->rank < s->ranks
+                                    && s->ranks <= 256
                                     && s->out.len == 4 * s->k * s->per_shard
                               : s->out.len == 4 * s->k * s->n_chunks);
     return s->scatter ? layout_fits_scatter(s) : s->out.len == s->x.len && s->n_chunks == (s->numel + s->k - 1) / s->k;
@@ -1271,23 +1274,27 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", "x", "out", "proposals", "copy0", "job", "worker", "key", "generation",
                              "n_workers", "values_per_packet", "n_chunks", "rounds", "first_id", "now",
                              "progress_timeout", "started", "ask_first", "call_row", "expect", "shard", "arena",
-                             "staged", NULL};
+                             "staged", "rank", "ranks", NULL};
     PyObject *window, *x, *out, *proposals, *copy0, *call_obj = Py_None, *expect_obj = Py_None, *arena = Py_None;
     Py_buffer call_row = {0}, expect = {0};
     unsigned int job, worker, n_workers;
     unsigned long key, generation, first_id;
-    Py_ssize_t k, n_chunks, rounds, shard = -1;
+    Py_ssize_t k, n_chunks, rounds, shard = -1, rank = -1, ranks = -1;
     double now, progress_timeout;
     int started, ask_first = 0, staged = 0;
     if (s->window != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Stream is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOnOp", kwlist, &window, &x, &out, &proposals,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOIIkkInnnkddp|pOOnOpnn", kwlist, &window, &x, &out, &proposals,
                                      &copy0, &job, &worker, &key, &generation, &n_workers, &k, &n_chunks,
                                      &rounds, &first_id, &now, &progress_timeout, &started, &ask_first,
-                                     &call_obj, &expect_obj, &shard, &arena, &staged))
+                                     &call_obj, &expect_obj, &shard, &arena, &staged, &rank, &ranks))
         return -1;
+    if (rank < -1 || ranks < -1 || ranks > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "Stream: rank and ranks are a tree's (0..65535), or -1: the job's own");
+        return -1;
+    }
     if (arena != Py_None && !PyObject_TypeCheck(arena, &ArenaType)) {
         PyErr_SetString(PyExc_TypeError, "Stream: arena must be an Arena or None");
         return -1;
@@ -1315,10 +1322,12 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->key = (uint32_t)key;
     s->generation = (uint32_t)generation;
     s->first_id = (uint32_t)first_id;
-    s->log2n = 0;
-    while ((1u << s->log2n) < n_workers)
-        s->log2n++;
     s->n_workers = n_workers;
+    s->rank = rank < 0 ? worker : (unsigned int)rank;
+    s->ranks = ranks < 0 ? n_workers : (unsigned int)ranks;
+    s->log2n = 0;
+    while ((1u << s->log2n) < s->ranks)
+        s->log2n++;
     s->ask_first = ask_first;
     s->all = n_workers >= 32 ? 0xffffffffu : (1u << n_workers) - 1;
     s->k = k;
@@ -1346,8 +1355,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
             || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)
             || s->total >= NONE) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
-                        "of values_per_packet (a reduce-scatter's: x n_workers shards of `shard` values, out one, "
-                        "n_chunks n_workers x ceil(shard / K); a staged call's: rows of K, x n_chunks, out those this "
+                        "of values_per_packet (a reduce-scatter's: x ranks shards of `shard` values, out one, "
+                        "n_chunks ranks x ceil(shard / K), ranks at most 256, the owner byte's; a staged call's: rows of K, x n_chunks, out those this "
                         "rank receives, and proposals), rounds = max(1, min(slots, n_chunks)) "
                         "with a call round (call_row and expect K values each), else 0, floats need one, and "
                         "there are fewer than 2^32 - 1 packets");

@@ -45,7 +45,8 @@
 enum { MALFORMED, BAD_VERSION, NOT_ADMITTED, IP_OPTIONS, FRAGMENT, N_GLOBAL };  /* counters.GlobalDrop */
 enum {  /* counters.JobCounter */
     CONTRIBUTIONS, RESULTS_MULTICAST, RESULTS_UNICAST, PROBES, WRONG_GENERATION, SLOT_OUT_OF_RANGE, BAD_COUNT,
-    STALE, DUPLICATE_PENDING, QUERIES, RESULTS_TO_OWNER, BAD_OWNER, N_JOB_COUNTERS
+    STALE, DUPLICATE_PENDING, QUERIES, RESULTS_TO_OWNER, BAD_OWNER, PARTIALS_UP, PARTIALS_RESENT, RESULTS_FROM_PARENT,
+    UNEXPECTED_RESULT, N_JOB_COUNTERS
 };
 
 typedef struct {
@@ -58,9 +59,15 @@ typedef struct {
 } ShardRow;  /* one shard's switch-wide counters */
 
 typedef struct {
-    uint32_t generation, key, slot_base, slot_count, k;  /* generation: the installed one, which probes answer */
+    uint32_t id, generation, key, slot_base, slot_count, k;  /* generation: the installed one, which probes answer */
     int n_workers;
     unsigned char names[MAX_WORKERS][NAME];  /* each rank's address */
+    /* Its place in a tree (JobEntry): the tree's ranks, the first under each child and the end of the last's, and
+     * the parent its partials go to (has_parent 0: none), as one contribution of its job under its key. */
+    uint32_t tree_ranks, bases[MAX_WORKERS + 1];
+    int has_parent;
+    unsigned char parent_name[NAME];
+    uint32_t parent_job, parent_worker, parent_key;
     JobRow counters[];  /* a row per shard */
 } Job;
 
@@ -73,6 +80,7 @@ typedef struct {
     unsigned char **values;  /* per copy: its sums in wire order, or NULL before its first write */
     uint32_t *values_k;      /* how many values each holds */
     Job **jobs;              /* by job id, NULL where none is installed */
+    int *children, n_children;  /* the ids of the jobs with a parent: whose RESULTs a datagram may be */
     ShardRow *shard;         /* a row per shard */
     int shards;
     int by_slot;  /* what the steering reads (switch/server.py): 0 the job, 1 the slot */
@@ -129,11 +137,82 @@ static inline unsigned char *emit(Out *o, const unsigned char *p, int type, cons
     return row;
 }
 
+/* Copy i's values after a packet's header row just made: once per datagram where they are large (a body that every
+ * packet of a multicast sends from, at *body once written), else right after the header, in the same part. */
+static void attach_values(Out *out, const unsigned char *values, size_t bytes, Py_ssize_t *body) {
+    if (bytes >= SHARE_FROM) {
+        if (*body < 0) {
+            *body = out->at;
+            memcpy(out->buf + *body, values, bytes);
+            out->at += (Py_ssize_t)bytes;
+        }
+        out->body_off[out->made - 1] = (uint32_t)*body;
+        out->body_len[out->made - 1] = (uint32_t)bytes;
+    } else {
+        memcpy(out->buf + out->at, values, bytes);
+        out->at += (Py_ssize_t)bytes;
+        out->len[out->made - 1] += (uint32_t)bytes;
+    }
+}
+
+/* The child whose branch holds tree rank `rank`, or -1 where it is under another switch (JobEntry.child_of). */
+static inline int child_of(const Job *job, uint32_t rank) {
+    for (int c = 0; c < job->n_workers; c++)
+        if (job->bases[c] <= rank && rank < job->bases[c + 1])
+            return c;
+    return -1;
+}
+
+/* A finished sum on copy i to every child (SwitchModel._down): a replica each, naming its index, the job and its
+ * key; whole down a reduce-scatter owner's branch alone, and nowhere whole without values (with_values 0). */
+static int send_down(Switch *sw, const Job *job, Py_ssize_t i, const unsigned char *p, int8_t exponent,
+                     int with_values, Out *out) {
+    int flags = p[OFF_FLAGS], to_owner = (flags & FLAG_OWNER) != 0;
+    int owner_child = to_owner ? child_of(job, p[OFF_OWNER]) : -1;
+    uint32_t count = get16(p + OFF_COUNT);
+    size_t bytes = 4 * (size_t)sw->values_k[i];
+    Py_ssize_t body = -1;
+    for (int r = 0; r < job->n_workers; r++) {
+        int whole = with_values && (!to_owner || r == owner_child);
+        unsigned char *row = emit(out, p, TYPE_RESULT, job->names[r]);
+        row[OFF_EXPONENT] = (unsigned char)exponent;
+        row[OFF_WORKER] = (unsigned char)r;  /* each replica names its rank, as the P4 egress writes it */
+        put16(row + OFF_JOB, (uint16_t)job->id);
+        put32(row + OFF_KEY, job->key);
+        put16(row + OFF_COUNT, whole ? (uint16_t)count : 0);
+        if (whole)
+            attach_values(out, sw->values[i], bytes, &body);
+    }
+    return job->n_workers;
+}
+
+/* The parent's RESULT on copy i (SwitchModel._from_parent): taken where the copy awaits it (holds the chunk, with
+ * count n: its partial sent up), stored (count n + 1, its exponent, its values unless it is a header alone) and
+ * sent down; else dropped as unexpected. */
+static int take_result(Switch *sw, Job *job, unsigned long long *counters, Py_ssize_t i, const unsigned char *p,
+                       Out *out) {
+    uint32_t count = get16(p + OFF_COUNT), generation = get32(p + OFF_GENERATION), chunk = get32(p + OFF_CHUNK);
+    uint64_t stored = sw->tag[i];
+    if ((uint32_t)(stored >> 32) != generation || (uint32_t)stored != chunk
+            || sw->count[i] != (uint32_t)job->n_workers || (count && sw->values_k[i] != count)) {
+        counters[UNEXPECTED_RESULT]++;
+        return 0;
+    }
+    sw->count[i] = (uint32_t)job->n_workers + 1;
+    sw->exponent[i] = (int8_t)p[OFF_EXPONENT];
+    if (count)
+        memcpy(sw->values[i], p + HEADER_SIZE, 4 * (size_t)count);
+    counters[RESULTS_FROM_PARENT]++;
+    return send_down(sw, job, i, p, sw->exponent[i], count != 0, out);
+}
+
 /* The stages a CONTRIB runs on copy i (tag -> bitmap -> count -> exponent -> values) and the packets it
- * makes, or a QUERY's read of the tag and bitmap; with shards, under the copy's mutex. */
+ * makes, a QUERY's read of the tag and bitmap, or a parent's RESULT; with shards, under the copy's mutex. */
 static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssize_t i, const unsigned char *p,
                       const unsigned char *src, Out *out, Fault *fault) {
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
+    if (type == TYPE_RESULT)
+        return take_result(sw, job, counters, i, p, out);
     uint32_t count = get16(p + OFF_COUNT), generation = get32(p + OFF_GENERATION), chunk = get32(p + OFF_CHUNK);
     /* Stage 1, tag: is this chunk new to the copy, the one it holds, or older? */
     uint64_t stored = sw->tag[i];
@@ -159,12 +238,14 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
     uint32_t bit = (uint32_t)1 << worker, old_bitmap = fresh ? 0 : sw->bitmap[i];
     sw->bitmap[i] = old_bitmap | bit;
     int repeat = (old_bitmap & bit) != 0;
-    /* Stage 3, count: first write resets, a new worker increments, a repeat only reads. */
+    /* Stage 3, count: first write resets, a new worker increments, a repeat only reads. Complete: every child
+     * counted; in a tree, n says the partial went up and awaits the parent's sum, n + 1 that it came. */
     if (fresh)
         sw->count[i] = 1;
     else if (!repeat)
         sw->count[i]++;
-    int complete = sw->count[i] == (uint32_t)job->n_workers;
+    uint32_t n = (uint32_t)job->n_workers;
+    int complete = sw->count[i] >= n;
     if (repeat && !complete) {
         counters[DUPLICATE_PENDING]++;
         return 0;
@@ -196,38 +277,35 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
         counters[CONTRIBUTIONS]++;
         return 0;
     }
-    /* A reduce-scatter's chunk (FLAG_OWNER, as the packet has it) goes whole to its owner alone; every other
-     * worker gets the header with count 0 (SwitchModel._aggregate). */
-    int to_owner = (flags & FLAG_OWNER) != 0, n = repeat ? 1 : job->n_workers, share = bytes >= SHARE_FROM;
-    Py_ssize_t body = -1;  /* where shared values lie in out->buf, once a packet that carries them is made */
-    for (int r = 0; r < n; r++) {
-        int rank = repeat ? worker : r, whole = !to_owner || rank == owner;
-        if (whole && share && body < 0) {
-            body = out->at;
-            memcpy(out->buf + body, sw->values[i], bytes);
-            out->at += (Py_ssize_t)bytes;
-        }
-        unsigned char *row = emit(out, p, TYPE_RESULT, repeat ? src : job->names[r]);
+    Py_ssize_t body = -1;
+    if (job->has_parent && sw->count[i] == n) {  /* the partial up, as one contribution of the parent's job */
+        counters[repeat ? PARTIALS_RESENT : CONTRIBUTIONS]++;
+        if (!repeat)
+            counters[PARTIALS_UP]++;
+        unsigned char *row = emit(out, p, TYPE_CONTRIB, job->parent_name);
+        row[OFF_WORKER] = (unsigned char)job->parent_worker;
+        put16(row + OFF_JOB, (uint16_t)job->parent_job);
+        put32(row + OFF_KEY, job->parent_key);
         row[OFF_EXPONENT] = (unsigned char)sw->exponent[i];
-        row[OFF_WORKER] = (unsigned char)rank;  /* each replica names its rank, as the P4 egress writes it */
-        if (!whole) {
-            put16(row + OFF_COUNT, 0);
-        } else if (share) {
-            out->body_off[out->made - 1] = (uint32_t)body;
-            out->body_len[out->made - 1] = (uint32_t)bytes;
-        } else {  /* right after its header, in the same part */
-            memcpy(out->buf + out->at, sw->values[i], bytes);
-            out->at += (Py_ssize_t)bytes;
-            out->len[out->made - 1] += (uint32_t)bytes;
-        }
+        attach_values(out, sw->values[i], bytes, &body);
+        return 1;
     }
+    /* A reduce-scatter's chunk (FLAG_OWNER, as the packet has it) goes whole down its owner's branch alone; every
+     * other child gets the header with count 0 (SwitchModel._aggregate). */
+    int to_owner = (flags & FLAG_OWNER) != 0;
     if (repeat) {
         counters[RESULTS_UNICAST]++;
-    } else {
-        counters[CONTRIBUTIONS]++;
-        counters[to_owner ? RESULTS_TO_OWNER : RESULTS_MULTICAST]++;
+        unsigned char *row = emit(out, p, TYPE_RESULT, src);
+        row[OFF_EXPONENT] = (unsigned char)sw->exponent[i];
+        if (to_owner && child_of(job, (uint32_t)owner) != worker)
+            put16(row + OFF_COUNT, 0);
+        else
+            attach_values(out, sw->values[i], bytes, &body);
+        return 1;
     }
-    return n;
+    counters[CONTRIBUTIONS]++;
+    counters[to_owner ? RESULTS_TO_OWNER : RESULTS_MULTICAST]++;
+    return send_down(sw, job, i, p, sw->exponent[i], 1, out);
 }
 
 /* Where the steering program sends a datagram (switch/server.py's home_shard): the shard of its job, or of a
@@ -258,16 +336,33 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
     }
     int type = p[OFF_TYPE], flags = p[OFF_FLAGS], worker = p[OFF_WORKER], owner = p[OFF_OWNER];
     uint32_t count = get16(p + OFF_COUNT);
-    if ((type != TYPE_CONTRIB && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~(FLAG_COPY | FLAG_OWNER)
-            || (owner && !(flags & FLAG_OWNER)) || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count || (type != TYPE_CONTRIB && count)) {
+    int carries = type == TYPE_CONTRIB || type == TYPE_RESULT;  /* the types with values */
+    if ((!carries && type != TYPE_PROBE && type != TYPE_QUERY) || flags & ~(FLAG_COPY | FLAG_OWNER)
+            || (owner && !(flags & FLAG_OWNER)) || worker >= MAX_WORKERS || len != HEADER_SIZE + 4 * (Py_ssize_t)count
+            || (!carries && count)) {
         global[MALFORMED]++;
         return 0;
     }
-    Job *job = sw->jobs[get16(p + OFF_JOB)];
-    if (job == NULL || worker >= job->n_workers || memcmp(job->names[worker] + 2, src + 2, 6)
-            || get32(p + OFF_KEY) != job->key) {
-        global[NOT_ADMITTED]++;
-        return 0;
+    Job *job;
+    if (type == TYPE_RESULT) {  /* taken only from the parent of one of the jobs, as it names it */
+        job = NULL;
+        for (int c = 0; c < sw->n_children && job == NULL; c++) {
+            Job *child = sw->jobs[sw->children[c]];
+            if (child->parent_job == get16(p + OFF_JOB) && child->parent_worker == (uint32_t)worker
+                    && child->parent_key == get32(p + OFF_KEY) && !memcmp(child->parent_name + 2, src + 2, 6))
+                job = child;
+        }
+        if (job == NULL) {
+            global[MALFORMED]++;
+            return 0;
+        }
+    } else {
+        job = sw->jobs[get16(p + OFF_JOB)];
+        if (job == NULL || worker >= job->n_workers || memcmp(job->names[worker] + 2, src + 2, 6)
+                || get32(p + OFF_KEY) != job->key) {
+            global[NOT_ADMITTED]++;
+            return 0;
+        }
     }
     unsigned long long *counters = job->counters[shard].c;
     if (type == TYPE_PROBE) {
@@ -286,11 +381,11 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
         counters[SLOT_OUT_OF_RANGE]++;
         return 0;
     }
-    if (owner >= job->n_workers) {  /* not one of the job's ranks (0 without FLAG_OWNER, which every job has) */
+    if ((uint32_t)owner >= job->tree_ranks) {  /* not one of the tree's ranks (0 without FLAG_OWNER: every job's) */
         counters[BAD_OWNER]++;
         return 0;
     }
-    if (type == TYPE_CONTRIB && count != job->k) {
+    if ((type == TYPE_CONTRIB && count != job->k) || (type == TYPE_RESULT && count && count != job->k)) {
         counters[BAD_COUNT]++;
         return 0;
     }
@@ -448,11 +543,19 @@ static Job *job_of(Switch *sw, int job_id) {
     return sw->jobs[job_id];
 }
 
-static void set_fanout(Switch *sw) {
+/* What the table's jobs imply, anew after each install or remove: the most packets a datagram makes, and which
+ * jobs have a parent (whose RESULTs are admitted by scanning them). */
+static void index_jobs(Switch *sw) {
     sw->fanout = 1;
-    for (int j = 0; j < N_JOBS; j++)
-        if (sw->jobs[j] && sw->jobs[j]->n_workers > sw->fanout)
+    sw->n_children = 0;
+    for (int j = 0; j < N_JOBS; j++) {
+        if (sw->jobs[j] == NULL)
+            continue;
+        if (sw->jobs[j]->n_workers > sw->fanout)
             sw->fanout = sw->jobs[j]->n_workers;
+        if (sw->jobs[j]->has_parent)
+            sw->children[sw->n_children++] = j;
+    }
 }
 
 /* A job with a counter row per shard, zeroed, on whole cache lines. */
@@ -479,25 +582,35 @@ static void clear_copies(Switch *sw, uint32_t slot_base, uint32_t slot_count) {
 }
 
 PyDoc_STRVAR(install_doc,
-"install(job_id, generation, key, slot_base, slot_count, k, names)\n\n"
-"Install or update a job; names holds each rank's sockaddr_in (16 bytes each). A new job's slots\n"
+"install(job_id, generation, key, slot_base, slot_count, k, names, tree_ranks, bases, parent_name, parent_job,\n"
+"        parent_worker, parent_key)\n\n"
+"Install or update a job; names holds each rank's sockaddr_in (16 bytes each). Its place in a tree\n"
+"(JobEntry): the tree's ranks, bases the first under each child and the end (uint32, native order, n + 1),\n"
+"and its parent's sockaddr_in (b'' for none), job, this job's child index there and the parent job's key.\n"
+"A new job's slots\n"
 "are cleared first; a job that is already installed keeps its counters and registers (a reset is\n"
 "a new generation, not a new job). Every shard sees the job whole or not at all: a batch in\n"
 "progress finishes first.");
 
 static PyObject *Switch_install(Switch *sw, PyObject *args) {
     int job_id;
-    unsigned int generation, key, slot_base, slot_count, k;
-    Py_buffer names;
-    if (!PyArg_ParseTuple(args, "iIIIIIy*", &job_id, &generation, &key, &slot_base, &slot_count, &k, &names))
+    unsigned int generation, key, slot_base, slot_count, k, tree_ranks, parent_job, parent_worker, parent_key;
+    Py_buffer names, bases, parent;
+    if (!PyArg_ParseTuple(args, "iIIIIIy*Iy*y*III", &job_id, &generation, &key, &slot_base, &slot_count, &k, &names,
+                          &tree_ranks, &bases, &parent, &parent_job, &parent_worker, &parent_key))
         return NULL;
     Py_ssize_t n = names.len / NAME;
     int ok = 0 <= job_id && job_id < N_JOBS && names.len % NAME == 0 && 1 <= n && n <= MAX_WORKERS
-             && k <= 0xffff && 2 * ((Py_ssize_t)slot_base + slot_count) <= sw->copies;
+             && k <= 0xffff && 2 * ((Py_ssize_t)slot_base + slot_count) <= sw->copies
+             && bases.len == (n + 1) * (Py_ssize_t)sizeof(uint32_t) && (parent.len == 0 || parent.len == NAME)
+             && parent_job <= 0xffff && parent_worker < MAX_WORKERS;
     if (!ok) {
         PyBuffer_Release(&names);
+        PyBuffer_Release(&bases);
+        PyBuffer_Release(&parent);
         return PyErr_Format(PyExc_ValueError, "Switch.install: job %d does not fit (1..%d workers, K < 65536, "
-                            "slots within the switch's)", job_id, MAX_WORKERS);
+                            "slots within the switch's, a base per worker and one more, a parent's job id of 16 "
+                            "bits and child index below %d)", job_id, MAX_WORKERS, MAX_WORKERS);
     }
     write_lock(sw);
     Job *job = sw->jobs[job_id];
@@ -514,11 +627,22 @@ static PyObject *Switch_install(Switch *sw, PyObject *args) {
     job->slot_base = slot_base;
     job->slot_count = slot_count;
     job->k = k;
+    job->id = (uint32_t)job_id;
     job->n_workers = (int)n;
     memcpy(job->names, names.buf, (size_t)names.len);
-    set_fanout(sw);
+    job->tree_ranks = tree_ranks;
+    memcpy(job->bases, bases.buf, (size_t)bases.len);
+    job->has_parent = parent.len == NAME;
+    if (job->has_parent)
+        memcpy(job->parent_name, parent.buf, NAME);
+    job->parent_job = parent_job;
+    job->parent_worker = parent_worker;
+    job->parent_key = parent_key;
+    index_jobs(sw);
     write_unlock(sw);
     PyBuffer_Release(&names);
+    PyBuffer_Release(&bases);
+    PyBuffer_Release(&parent);
     Py_RETURN_NONE;
 }
 
@@ -534,7 +658,7 @@ static PyObject *Switch_remove(Switch *sw, PyObject *arg) {
     clear_copies(sw, sw->jobs[job_id]->slot_base, sw->jobs[job_id]->slot_count);
     free(sw->jobs[job_id]);
     sw->jobs[job_id] = NULL;
-    set_fanout(sw);
+    index_jobs(sw);
     write_unlock(sw);
     Py_RETURN_NONE;
 }
@@ -655,9 +779,10 @@ static int Switch_init(Switch *sw, PyObject *args, PyObject *kw) {
     sw->values = calloc(c, sizeof(unsigned char *));
     sw->values_k = calloc(c, sizeof(uint32_t));
     sw->jobs = calloc(N_JOBS, sizeof(Job *));
+    sw->children = calloc(N_JOBS, sizeof(int));
     sw->shard = aligned_alloc(LINE, (size_t)shards * sizeof(ShardRow));
     if (!sw->tag || !sw->bitmap || !sw->count || !sw->exponent || !sw->values || !sw->values_k || !sw->jobs
-            || !sw->shard) {
+            || !sw->children || !sw->shard) {
         PyErr_NoMemory();
         return -1;
     }
@@ -710,6 +835,7 @@ static void Switch_dealloc(Switch *sw) {
     free(sw->values);
     free(sw->values_k);
     free(sw->jobs);
+    free(sw->children);
     Py_TYPE(sw)->tp_free((PyObject *)sw);
 }
 

@@ -55,11 +55,17 @@ class JobCounter(enum.IntEnum):
     # Finished sums of reduce-scatter chunks (FLAG_OWNER): whole to their owner, the header alone (count 0)
     # to every other worker. A finished sum counts here or in RESULTS_MULTICAST, never both.
     RESULTS_TO_OWNER = 10
-    BAD_OWNER = 11  # FLAG_OWNER with an owner that is not one of the job's ranks (owner >= workers)
+    BAD_OWNER = 11  # FLAG_OWNER with an owner that is not one of the tree's ranks (owner >= its contributors)
+    # A switch in a tree (a job with a parent, docs/protocol.md section 10): its finished partial sums go up as
+    # one contribution to the parent, which the parent's RESULT completes on the way down.
+    PARTIALS_UP = 12  # partial sums sent up once complete
+    PARTIALS_RESENT = 13  # stored partials sent up again, for a child's repeat while the parent's sum was awaited
+    RESULTS_FROM_PARENT = 14  # the parent's results stored and sent down to the children
+    UNEXPECTED_RESULT = 15  # a parent's RESULT for a chunk the copy does not await (not complete here, or taken)
 
 
 JOB_DROPS = (JobCounter.WRONG_GENERATION, JobCounter.SLOT_OUT_OF_RANGE, JobCounter.BAD_COUNT, JobCounter.BAD_OWNER,
-             JobCounter.STALE, JobCounter.DUPLICATE_PENDING)
+             JobCounter.STALE, JobCounter.DUPLICATE_PENDING, JobCounter.UNEXPECTED_RESULT)
 
 
 def new_generation(avoid: int = 0) -> int:
@@ -73,9 +79,30 @@ def new_generation(avoid: int = 0) -> int:
             return g
 
 
+MAX_TREE_RANKS = 0xFFFF  # contributors a tree sums at most: what the non-finite class codes count exactly
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """Where a switch in a tree sends a job's partial sums: its parent switch, where the partial is one
+    contribution of the parent's job (``worker`` of ``job_id`` under ``key``), and whose RESULTs it takes."""
+
+    address: Address
+    job_id: int
+    worker: int
+    key: int
+
+
 @dataclass(frozen=True)
 class JobEntry:
-    """What admission knows about an installed job (the P4 admission entry's parameters)."""
+    """What admission knows about an installed job (the P4 admission entry's parameters).
+
+    In a tree (docs/protocol.md section 10) a job's "workers" are its children, hosts or switches below
+    it; ``parent`` is where its partial sums go (None: it is the root, or a flat job). Ranks are the
+    tree's, leaf-major: child ``c`` covers ``spans[c]`` of them (one each where ``spans`` is empty, as
+    hosts do) from ``rank_base`` on, of ``tree_size`` in all (0: this job's own); a reduce-scatter's
+    owner is such a rank, and a switch sends a chunk's sum whole only down the branch that holds it.
+    """
 
     job_id: int
     generation: int
@@ -84,6 +111,10 @@ class JobEntry:
     slot_count: int
     values_per_packet: int
     workers: tuple[Address, ...]
+    parent: Uplink | None = None
+    spans: tuple[int, ...] = ()
+    rank_base: int = 0
+    tree_size: int = 0
 
     @classmethod
     def from_config(cls, config: JobConfig, generation: int) -> JobEntry:
@@ -93,6 +124,31 @@ class JobEntry:
     @property
     def n_workers(self) -> int:
         return len(self.workers)
+
+    @property
+    def contributors(self) -> int:
+        """The tree's ranks under this job: what its finished sum counts."""
+        return sum(self.spans) if self.spans else self.n_workers
+
+    @property
+    def tree_ranks(self) -> int:
+        """The ranks of the whole tree (a reduce-scatter's owner is one of them)."""
+        return self.tree_size or self.contributors
+
+    def child_bases(self) -> tuple[int, ...]:
+        """The first tree rank under each child, and the end of the last's: ``n_workers + 1`` of them."""
+        bases = [self.rank_base]
+        for span in self.spans or (1,) * self.n_workers:
+            bases.append(bases[-1] + span)
+        return tuple(bases)
+
+    def child_of(self, rank: int) -> int | None:
+        """The child whose branch holds tree rank ``rank``, or None where it is under another switch."""
+        bases = self.child_bases()
+        for child in range(self.n_workers):
+            if bases[child] <= rank < bases[child + 1]:
+                return child
+        return None
 
 
 class JobTable:
@@ -137,6 +193,7 @@ class JobTable:
                     f"{other.job_id}'s {theirs.start}..{theirs.stop - 1}: give it another slot_base")
         if not 1 <= entry.n_workers <= MAX_WORKERS:
             raise ConfigError(f"job {entry.job_id} has {entry.n_workers} workers; 1..{MAX_WORKERS} are allowed")
+        check_tree(entry)
         if self.max_jobs is not None and len(self._jobs) >= self.max_jobs:
             raise ConfigError(f"the switch already runs {self.max_jobs} jobs: undeploy one first")
 
@@ -159,6 +216,24 @@ class JobTable:
         """An installed job's entry anew (a reset: its new generation)."""
         self.get(entry.job_id)
         self._jobs[entry.job_id] = entry
+
+
+def check_tree(entry: JobEntry) -> None:
+    """Raise a ConfigError that says what to change where a job's place in a tree does not add up."""
+    where = f"job {entry.job_id}"
+    if entry.spans and (len(entry.spans) != entry.n_workers or min(entry.spans) < 1):
+        raise ConfigError(f"{where}: spans {list(entry.spans)} must give each of its {entry.n_workers} children the "
+                          f"ranks under it (1 or more each)")
+    if entry.rank_base < 0 or entry.tree_size < 0:
+        raise ConfigError(f"{where}: rank_base {entry.rank_base} and tree_size {entry.tree_size} count ranks: 0 or more")
+    if entry.rank_base + entry.contributors > entry.tree_ranks or entry.tree_ranks > MAX_TREE_RANKS:
+        raise ConfigError(f"{where}: ranks {entry.rank_base}..{entry.rank_base + entry.contributors - 1} under it do "
+                          f"not lie within its tree's {entry.tree_ranks} (at most {MAX_TREE_RANKS}): fix rank_base, "
+                          f"spans or tree_size")
+    up = entry.parent
+    if up is not None and not (0 <= up.job_id <= 0xFFFF and 0 <= up.worker < MAX_WORKERS and 0 <= up.key <= 0xFFFFFFFF):
+        raise ConfigError(f"{where}: its parent names job {up.job_id}, child {up.worker}, key {up.key}: a job id is "
+                          f"16 bits, a child 0..{MAX_WORKERS - 1}, a key 32 bits")
 
 
 MAX_LEASE = 86400.0  # seconds: past this a lease is no safeguard (and the switch's timer could not wait that long)

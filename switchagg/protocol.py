@@ -80,6 +80,21 @@ class StreamParams:
     slot_count: int
     values_per_packet: int
     ask_first: bool = False  # job.loss_recovery "query": a QUERY before any resend of one's contribution
+    # In a tree (docs/protocol.md section 10) ``worker`` and ``n_workers`` are the leaf's (this host's index
+    # there, and its fan-in: a PENDING's bits), while a call's ranks are the tree's: this one's place among them
+    # (a reduce-scatter's owner, its shard) and their number (the headroom). None: the job's own.
+    tree_rank: int | None = None
+    tree_ranks: int | None = None
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the call: the tree's, or the job's."""
+        return self.worker if self.tree_rank is None else self.tree_rank
+
+    @property
+    def ranks(self) -> int:
+        """The call's ranks: the tree's, or the job's workers."""
+        return self.n_workers if self.tree_ranks is None else self.tree_ranks
 
 
 class Payloads(Protocol):
@@ -167,6 +182,8 @@ class Reduction:
         self._layout = layout if layout is not None and layout.scatter else None
         if self._layout is not None and self._layout.n_chunks != n_chunks:
             raise ValueError(f"a reduce-scatter's layout has {self._layout.n_chunks} chunks, not n_chunks = {n_chunks}")
+        if self._layout is not None and params.ranks > 256:
+            raise ValueError(f"a reduce-scatter over {params.ranks} ranks: its owner byte names ranks 0..255")
         self._call_row, self._expect = (None, None) if call is None else call
         self.mismatch: bytes | None = None  # the call round's sum, where it showed other calls than this one
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
@@ -296,7 +313,7 @@ class Reduction:
         owner = self._owner(t)
         if owner is None:
             return 0, 0, self.params.values_per_packet
-        return FLAG_OWNER, owner, self.params.values_per_packet if owner == self.params.worker else 0
+        return FLAG_OWNER, owner, self.params.values_per_packet if owner == self.params.rank else 0
 
     def _query(self, t: int) -> Send:
         """A QUERY about entry ``t``: which workers has its slot copy counted (a header, no values)?"""
@@ -731,7 +748,8 @@ class NativeReduction(_native.Stream):
                          copy0.astype(np.uint8).tobytes(), params.job, params.worker, params.key, params.generation,
                          params.n_workers, params.values_per_packet, n_chunks, rounds, first_id, now,
                          progress_timeout, started, params.ask_first, row, expect,
-                         layout.shard if layout is not None and layout.scatter else -1, arena, staged)
+                         layout.shard if layout is not None and layout.scatter else -1, arena, staged,
+                         params.rank, params.ranks)
 
     @property
     def window(self) -> Window:

@@ -3,6 +3,8 @@
 Workers (:class:`Reduction`) and a :class:`SwitchModel` exchange real packet
 bytes over links that lose, duplicate and reorder (random latency), both
 directions, on a virtual clock. No sockets, no sleeping: seeded and repeatable.
+A tree (:func:`tree`) is several switches, leaves and a spine, whose links to one another lose as a
+worker's do: ``up`` carries what goes towards the root, ``down`` what comes back.
 
 By default a worker takes each datagram alone the moment it arrives. With :class:`Batching` it takes
 what the kernel would hand its loop (``_udp.drive``): it wakes a little after a datagram arrives, and
@@ -20,14 +22,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from switchagg import calls
+from switchagg.jobs import Uplink
 from switchagg.payloads import FloatPayloads, Int32Payloads
 from switchagg.protocol import Arena, NativeReduction, Reduction, StagedPayloads, StreamParams
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.window import Window
-from switchagg.wire import datagram_size
+from switchagg.wire import UDP_PORT, PacketType, datagram_size
 
 IMPLEMENTATIONS = {"python": Reduction, "native": NativeReduction}
 WAKE = "wake"  # an event's source that is a worker's wake to take its inbox (Batching), not a datagram
+SWITCH = "switch"  # the one switch's address, where a net has one
+UP = (PacketType.CONTRIB, PacketType.QUERY, PacketType.PROBE)  # what a switch sends towards the root
 RUN_SPAN = 0.0002  # s: a lost run takes the packets of a link that follow within this long (a queue's overflow)
 
 
@@ -67,16 +72,64 @@ class Job:
     generation: int = 7
     slot_base: int = 0
     ask_first: bool = False  # job.loss_recovery = "query"
+    # a leaf of a tree: the tree's ranks (0: a flat job), the first under this leaf, and where its partials go
+    tree_size: int = 0
+    rank_base: int = 0
+    parent: Uplink | None = None
 
     def entry(self) -> JobEntry:
         return JobEntry(self.job_id, self.generation, self.key, self.slot_base, self.slots, self.k,
-                        tuple(self.address(r) for r in range(self.n)))
+                        tuple(self.address(r) for r in range(self.n)), self.parent, (), self.rank_base,
+                        self.tree_size)
 
     def address(self, rank: int) -> tuple[str, int]:
         return (f"10.0.{self.job_id}.{rank + 1}", 40000 + rank)
 
+    @property
+    def ranks(self) -> int:
+        """The call's ranks: the tree's, or this job's workers."""
+        return self.tree_size or self.n
+
+    def rank(self, worker: int) -> int:
+        """Worker ``worker``'s rank in the call (its tree rank in a tree)."""
+        return self.rank_base + worker
+
     def params(self, rank: int) -> StreamParams:
-        return StreamParams(self.job_id, rank, self.key, self.generation, self.n, self.slots, self.k, self.ask_first)
+        tree = (self.rank(rank), self.tree_size) if self.tree_size else (None, None)
+        return StreamParams(self.job_id, rank, self.key, self.generation, self.n, self.slots, self.k, self.ask_first,
+                            *tree)
+
+
+@dataclass
+class Tree:
+    """A tree's switches and jobs (:func:`tree`): every leaf's job, and the spine's entry."""
+
+    spine: tuple[str, int]
+    leaves: list[tuple[str, int]]
+    jobs: list[Job]
+    spine_entry: JobEntry
+
+
+def tree(switches: dict, leaves: int, per_leaf: int, *, spine_job: int = 100, first_leaf_job: int = 1, k: int = 64,
+         slots: int = 8, key: int = 0xABCD, generation: int = 7, slot_base: int = 0, ask_first: bool = False,
+         spine: tuple[str, int] = ("10.1.0.1", UDP_PORT), leaf_net: int = 1) -> Tree:
+    """A two-level tree of ``leaves`` x ``per_leaf`` workers installed on ``switches`` (address -> SwitchModel,
+    made where missing): a spine at ``spine`` whose job ``spine_job`` counts the leaves, and leaf ``l`` at
+    10.``leaf_net + 1``.``l``.1 holding job ``first_leaf_job + l`` over its workers, tree ranks leaf-major.
+    Another tree on the same ``spine`` (another ``spine_job`` and ``slot_base``) shares it."""
+    ranks = leaves * per_leaf
+    at = [(f"10.{leaf_net + 1}.{leaf}.1", UDP_PORT) for leaf in range(leaves)]
+    jobs = [Job(first_leaf_job + leaf, per_leaf, slots, k, key, generation, slot_base, ask_first, ranks,
+                leaf * per_leaf, Uplink(spine, spine_job, leaf, key ^ 0xFFFF)) for leaf in range(leaves)]
+    entry = JobEntry(spine_job, generation, key ^ 0xFFFF, slot_base, slots, k, tuple(at), None,
+                     (per_leaf,) * leaves, 0, ranks)
+    for address in (spine, *at):
+        if address not in switches:
+            switches[address] = SwitchModel(num_slots=max(64, slot_base + slots))
+    switches[spine].add_job(entry)
+    for address, job in zip(at, jobs, strict=True):
+        switches[address].add_job(job.entry())
+    return Tree(spine, at, jobs, entry)
 
 
 class Agreed:
@@ -115,6 +168,7 @@ class Worker:
     dead_after: int | None = None  # stops reacting after receiving this many packets
     received: int = 0
     red: Reduction | NativeReduction | None = None
+    switch: tuple[str, int] | str = SWITCH  # where its packets go
     payloads: object = None  # the call's
     out: np.ndarray | None = None
     error: Exception | None = None
@@ -128,22 +182,30 @@ class Worker:
 
 @dataclass
 class SimNet:
-    model: SwitchModel
-    up: Impairment = field(default_factory=Impairment)  # worker -> switch
-    down: Impairment = field(default_factory=Impairment)  # switch -> worker
+    model: SwitchModel | None  # the one switch, at SWITCH; None: ``switches`` alone (a tree)
+    up: Impairment = field(default_factory=Impairment)  # worker -> switch, and a switch towards the root
+    down: Impairment = field(default_factory=Impairment)  # switch -> worker, and a switch towards the leaves
     seed: int = 0
     impl: str = "python"  # which Reduction the workers run: a key of IMPLEMENTATIONS
     batching: Batching | None = None  # None: each datagram taken alone as it arrives
     now: float = 0.0
     workers: dict[tuple[str, int], Worker] = field(default_factory=dict)
     sent_log: list[tuple[float, tuple[str, int], bytes]] = field(default_factory=list)  # every worker packet
+    switches: dict = field(default_factory=dict)  # address -> SwitchModel: every switch, the one model's too
 
     def __post_init__(self) -> None:
+        if self.model is not None:
+            self.switches[SWITCH] = self.model
         self.rng = random.Random(self.seed)
         self._dropping: dict = {}  # link -> (packets of its lost run still to drop, until when)
         self.dropped = 0  # packets the links lost
         self._events: list = []
         self._seq = itertools.count()
+
+    def add_tree_workers(self, t: Tree) -> list[Worker]:
+        """A worker for every rank of tree ``t``, each sending to its leaf, in tree-rank order."""
+        return [self.add_worker(job, w, switch=leaf) for job, leaf in zip(t.jobs, t.leaves, strict=True)
+                for w in range(job.n)]
 
     def add_worker(self, job: Job, rank: int, **kw) -> Worker:
         w = Worker(job, rank, Window(job.slots), np.zeros(job.slots, np.int64), **kw)
@@ -174,14 +236,14 @@ class SimNet:
                 w.sent += 1
                 self.sent_log.append((self.now, addr, row[:length].tobytes()))
                 if not self.up.whole:
-                    self._transmit(self.up, "switch", row[:length].tobytes(), addr)
+                    self._transmit(self.up, w.switch, row[:length].tobytes(), addr)
                     continue
                 if message % 64 == 0:
                     lost = self.rng.random() < self.up.loss
                 message += 1
                 self.dropped += lost
                 if not lost:
-                    self._transmit(Impairment(0, self.up.dup, self.up.latency, self.up.jitter), "switch",
+                    self._transmit(Impairment(0, self.up.dup, self.up.latency, self.up.jitter), w.switch,
                                    row[:length].tobytes(), addr)
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce",
@@ -190,7 +252,7 @@ class SimNet:
         ``staged``: floats through :class:`~switchagg.torch_payloads.TorchPayloads` (a CPU tensor), a
         window at a time, as a GPU's go."""
         job = w.job
-        layout = calls.Layout.of(x.size, job.k, job.n, collective)
+        layout = calls.Layout.of(x.size, job.k, job.ranks, collective)
         size = layout.shard if layout.scatter else x.size
         if x.dtype == np.int32:
             w.out = np.empty(size, np.int32)
@@ -200,11 +262,12 @@ class SimNet:
 
             from switchagg.torch_payloads import TorchPayloads
 
-            payloads = TorchPayloads(torch.from_numpy(x.astype(np.float32)), job.k, job.n, layout, w.rank)
+            payloads = TorchPayloads(torch.from_numpy(x.astype(np.float32)), job.k, job.ranks, layout,
+                                     job.rank(w.rank))
             w.out = payloads.out.numpy()
         else:
             w.out = np.empty(size, np.float32)
-            payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.n, layout)
+            payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.ranks, layout)
         w.payloads = payloads
         desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
                                     collective=collective)
@@ -213,7 +276,7 @@ class SimNet:
         w.red = IMPLEMENTATIONS[self.impl](
             job.params(w.rank), w.window, payloads, n_chunks=layout.n_chunks, first_id=w.next_id, copies=w.copies,
             now=self.now, progress_timeout=progress_timeout, started=w.started,
-            call=calls.rows(desc, w.rank, job.n, job.k), layout=layout, **native)
+            call=calls.rows(desc, job.rank(w.rank), job.ranks, job.k), layout=layout, **native)
         w.next_id = (w.next_id + w.red.total) & 0xFFFFFFFF
         w.seq += 1
         w.error = None
@@ -288,18 +351,31 @@ class SimNet:
         return w.dead_after is not None and w.received >= w.dead_after
 
     def run(self, until: float = 1e9) -> None:
-        """Run until every live worker's reduction is done or failed."""
-        while self._active() and self.now < until:
-            deadlines = [(w.red.next_deadline(), a) for a, w in self._active()]
-            next_timer = min(deadlines)[0]
+        """Run until every live worker's reduction is done or failed. A worker's deadline is read again after
+        whatever it did (a receive, a wake, a tick): a net of a thousand workers does not ask each at every event."""
+        live = dict(self._active())
+        deadlines = {a: w.red.next_deadline() for a, w in live.items()}
+
+        def refresh(a, w: Worker) -> None:
+            if a not in live:
+                return
+            if w.red.done or w.error is not None or self._dead(w):
+                del live[a], deadlines[a]
+            else:
+                deadlines[a] = w.red.next_deadline()
+
+        while live and self.now < until:
+            next_timer = min(deadlines.values())
             if self._events and self._events[0][0] <= next_timer:
                 at, _, dst, data, src = heapq.heappop(self._events)
                 self.now = max(self.now, at)
-                if dst == "switch":
-                    for emit in self.model.process(data, src):
-                        self._transmit(self.down, emit.dst, emit.payload(), "switch")
+                if dst in self.switches:
+                    for emit in self.switches[dst].process(data, src):
+                        toward = self.up if emit.header.type in UP else self.down
+                        self._transmit(toward, emit.dst, emit.payload(), dst)
                 elif src == WAKE:
                     self._wake(self.workers[dst], dst)
+                    refresh(dst, self.workers[dst])
                 else:
                     w = self.workers.get(dst)
                     if w is None or w.red is None or self._dead(w) or w.error is not None:
@@ -307,6 +383,7 @@ class SimNet:
                     if self.batching is None:
                         w.received += 1
                         self._receive(w, dst, data, [0], [len(data)])
+                        refresh(dst, w)
                         continue
                     w.inbox.append(data)
                     if not w.waking:
@@ -314,14 +391,16 @@ class SimNet:
                         self._schedule_wake(dst, self.rng.random() * self.batching.wake)
             else:
                 self.now = max(self.now, next_timer)
-                for a, w in self._active():
+                for a, w in [(a, w) for a, w in live.items() if deadlines[a] <= self.now]:
                     try:
                         w.red.tick(self.now)
                     except Exception as exc:  # noqa: BLE001 - recorded for the test to inspect
                         w.error = exc
+                        refresh(a, w)
                         continue
                     self._advance(w)
                     self._flush(w, a)
+                    refresh(a, w)
 
 
 def reduce_all(xs: list[np.ndarray], job: Job | None = None, *, up: Impairment | None = None,

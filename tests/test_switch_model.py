@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from switchagg.errors import ConfigError
+from switchagg.jobs import Uplink
 from switchagg.switch.model import STAGES, JobEntry, SwitchModel, chunk_is_newer
 from switchagg.switch.native import NativeSwitch
 from switchagg.switch.records import RESULTS_KEPT
@@ -22,8 +23,21 @@ K = 4
 KEY = 0x5EED
 
 
-def job(job_id=1, n=3, base=0, slots=4, gen=9, k=K):
-    return JobEntry(job_id, gen, KEY, base, slots, k, tuple((f"10.0.0.{i + 1}", 5000 + i) for i in range(n)))
+def job(job_id=1, n=3, base=0, slots=4, gen=9, k=K, **tree):
+    """A job of ``n`` workers; ``tree``: its place in a tree (JobEntry's parent, spans, rank_base, tree_size)."""
+    return JobEntry(job_id, gen, KEY, base, slots, k, tuple((f"10.0.0.{i + 1}", 5000 + i) for i in range(n)), **tree)
+
+
+PARENT = Uplink(("10.0.9.1", 16711), 40, 2, 0xFACE)  # where a tree's leaf sends its partials, as child 2 of job 40
+LEAF = {"parent": PARENT, "spans": (2, 1, 1, 3, 1), "rank_base": 4, "tree_size": 20}  # the random traffic's job 7
+
+
+def from_parent(chunk, values=None, *, up=PARENT, slot=0, copy=0, gen=9, exp=3, k=K, **kw):
+    """The parent's RESULT to its child ``up.worker`` (``values`` None: its header alone)."""
+    values = np.zeros(0) if values is None else np.asarray(values)
+    h = make_header(PacketType.RESULT, job=up.job_id, worker=up.worker, slot=slot, copy=copy, chunk=chunk,
+                    generation=gen, key=up.key, exponent=exp, count=len(values))._replace(**kw)
+    return h.pack() + values.astype(">i4").tobytes()
 
 
 def pkt(worker, chunk, values=None, *, job_id=1, slot=0, copy=0, gen=9, key=KEY, exp=3, k=K, **kw):
@@ -492,6 +506,20 @@ def test_each_packet_touches_registers_once_in_the_documented_order():
     assert sw.trace.count("values") == 4  # 3 contributions + 1 repeat served after completion
 
 
+def test_a_leaf_touches_registers_once_in_the_documented_order_for_its_partials_and_its_parents_results():
+    sw = SwitchModel(16)
+    sw.add_job(job(parent=PARENT, rank_base=4, tree_size=9))
+    sw.trace = []
+    cases = [(pkt(0, 1), src(0)), (pkt(1, 1), src(1)), (pkt(2, 1), src(2)), (pkt(2, 1), src(2)),
+             (from_parent(1, [5] * K), PARENT.address), (from_parent(1, [5] * K), PARENT.address), (pkt(0, 1), src(0))]
+    for data, source in cases:
+        start = len(sw.trace)
+        sw.process(data, source)
+        touched = sw.trace[start:]
+        assert len(touched) == len(set(touched)) and touched == list(STAGES[: len(touched)])
+    assert sw.trace.count("values") == 6  # 3 contributions, the repeat sent up, the result taken, the repeat served
+
+
 def test_sums_wrap_like_int32_hardware(sw):
     sw.process(pkt(0, 1, [2**31 - 1] * K), src(0))
     sw.process(pkt(1, 1, [1] * K), src(1))
@@ -552,7 +580,7 @@ def test_the_c_switch_drops_a_contribution_its_copy_holds_another_k_for():
     m.add_job(job(gen=9, k=K))
     m.process(pkt(0, 5, k=K), src(0))
     e = job(gen=9, k=6)
-    m._core.install(1, 9, KEY, 0, e.slot_count, 6, b"".join(sockaddr_in(w) for w in e.workers))
+    m._install(e)  # the installed job updated in place, as a reset is
     assert m.process(pkt(1, 5, k=6), src(1)) == []
     assert jc(m)["bad_count"] == 1 and m.registers(0).count == 1
 
@@ -560,7 +588,8 @@ def test_the_c_switch_drops_a_contribution_its_copy_holds_another_k_for():
 def random_traffic(rng, n_packets, ks=(K, 6), current=None):
     """Two jobs' workers sending, retransmitting, going stale, plus strangers and broken packets (jobs 1 and 7
     of K = ``ks``, as the tests install them); ``current`` carries on where another's traffic left off."""
-    jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5, k=ks[0]), job(job_id=7, n=5, base=2, slots=3, gen=6, k=ks[1])]
+    jobs = [job(job_id=1, n=3, base=0, slots=2, gen=5, k=ks[0]),
+            job(job_id=7, n=5, base=2, slots=3, gen=6, k=ks[1], **LEAF)]
     current = {} if current is None else current  # (job, slot, copy) -> the chunk its workers are on; ids start
     # just before the wrap
     for _ in range(n_packets):
@@ -575,7 +604,7 @@ def random_traffic(rng, n_packets, ks=(K, 6), current=None):
         values = rng.integers(-(2**31), 2**31, j.values_per_packet + (rng.random() < 0.02))  # some of wrong K
         kw = dict(job_id=j.job_id, slot=slot, copy=copy, gen=j.generation, exp=int(rng.integers(-128, 128)))
         if chunk % 3 == 0:  # a reduce-scatter's chunk, every rank naming its owner, now and then one outside the job
-            kw |= {"flags": FLAG_OWNER | copy, "owner": chunk % j.n_workers if rng.random() < 0.98 else j.n_workers}
+            kw |= {"flags": FLAG_OWNER | copy, "owner": chunk % j.tree_ranks if rng.random() < 0.98 else j.tree_ranks}
         data, source = pkt(worker, chunk, values, **kw), j.workers[worker]
         roll = rng.random()
         if roll < 0.05:
@@ -596,7 +625,160 @@ def random_traffic(rng, n_packets, ks=(K, 6), current=None):
             data = bytes(b)
         elif roll < 0.19:  # a count whose 24 + 4 * count wraps around to the length in 16 bits
             data = pkt(worker, chunk, values, **kw, count=(len(values) + 0x4000 * int(rng.integers(1, 4))) & 0xFFFF)
+        elif roll < 0.27 and j.parent is not None:  # the parent's result: whole, its header alone, now and then
+            # from a stranger or naming another child, of another chunk or K
+            sent, kw = values if rng.random() < 0.8 else None, {k: v for k, v in kw.items() if k != "job_id"}
+            data, source = from_parent(chunk, sent, **kw), j.parent.address
+            if rng.random() < 0.1:
+                source = ("10.9.9.9", 16711)
+            elif rng.random() < 0.1:
+                data = from_parent(chunk, sent, up=Uplink(PARENT.address, PARENT.job_id, 3, PARENT.key), **kw)
         yield data, source
+
+
+@pytest.fixture
+def leaf(model):
+    """A switch whose job 1 (3 workers, tree ranks 4..6 of 9) is child 2 of PARENT's job 40."""
+    m = model(num_slots=16)
+    m.add_job(job(parent=PARENT, rank_base=4, tree_size=9))
+    return m
+
+
+def test_a_leaf_sends_its_finished_partial_up_as_one_contribution_and_nothing_down(leaf):
+    leaf.process(pkt(0, 5, [1, 2, 3, 4], exp=2, copy=1), src(0))
+    leaf.process(pkt(1, 5, [10, 20, 30, 40], exp=7, copy=1), src(1))
+    (up,) = leaf.process(pkt(2, 5, [100, 200, 300, 400], exp=-1, copy=1), src(2))
+    h, values = decode(up)
+    assert up.dst == PARENT.address and values.tolist() == [111, 222, 333, 444]
+    assert (h.type, h.job, h.worker, h.key) == (PacketType.CONTRIB, PARENT.job_id, PARENT.worker, PARENT.key)
+    assert (h.chunk, h.slot, h.copy, h.generation, h.exponent) == (5, 0, 1, 9, 7)  # the children's largest exponent
+    c = jc(leaf)
+    assert (c["contributions"], c["partials_up"], c["results_multicast"]) == (3, 1, 0)
+    assert leaf.registers(1).count == 3  # n: the partial went up and awaits the parent's sum
+
+
+def test_the_parents_result_is_stored_and_sent_down_to_every_child(leaf):
+    for w in range(3):
+        leaf.process(pkt(w, 5, [w + 1] * K), src(w))
+    out = leaf.process(from_parent(5, [60, 70, 80, 90], exp=11), PARENT.address)
+    assert [e.dst for e in out] == [src(0), src(1), src(2)]
+    for rank, e in enumerate(out):
+        h, values = decode(e)
+        assert (h.type, h.job, h.worker, h.key, h.exponent, h.chunk) == (PacketType.RESULT, 1, rank, KEY, 11, 5)
+        assert values.tolist() == [60, 70, 80, 90]
+    assert leaf.registers(0).count == 4 and leaf.registers(0).exponent == 11  # n + 1: the parent's result held
+    assert jc(leaf)["results_from_parent"] == 1
+    # a child's repeat is answered from the stored result, as a flat job's is
+    (again,) = leaf.process(pkt(1, 5, [2] * K), src(1))
+    assert again.dst == src(1) and decode(again)[1].tolist() == [60, 70, 80, 90] and decode(again)[0].exponent == 11
+    assert jc(leaf)["results_unicast"] == 1
+
+
+def test_a_repeat_while_the_parents_sum_is_awaited_sends_the_partial_up_again(leaf):
+    for w in range(3):
+        leaf.process(pkt(w, 5, [w + 1] * K, exp=w), src(w))
+    (up,) = leaf.process(pkt(0, 5, [99] * K, exp=40), src(0))  # a repeat's values and exponent change nothing
+    h, values = decode(up)
+    assert up.dst == PARENT.address and h.type == PacketType.CONTRIB and values.tolist() == [6] * K and h.exponent == 2
+    assert jc(leaf)["partials_resent"] == 1 and jc(leaf)["partials_up"] == 1 and jc(leaf)["contributions"] == 3
+    assert pending(leaf.process(query(2, 5), src(2)))[1] == 0b111  # every child counted: a QUERY's resend goes up
+
+
+@pytest.mark.parametrize("case", ["incomplete", "taken", "older", "other_run", "other_copy"])
+def test_a_result_the_copy_does_not_await_is_dropped_and_counted(leaf, case):
+    for w in range(2 if case == "incomplete" else 3):
+        leaf.process(pkt(w, 5, [w + 1] * K), src(w))
+    if case == "taken":
+        leaf.process(from_parent(5, [1] * K), PARENT.address)
+    before = leaf.registers(0)
+    data = {"incomplete": from_parent(5, [7] * K), "taken": from_parent(5, [7] * K), "older": from_parent(4, [7] * K),
+            "other_run": from_parent(5, [7] * K, gen=10), "other_copy": from_parent(5, [7] * K, copy=1)}[case]
+    assert leaf.process(data, PARENT.address) == []
+    assert jc(leaf)["unexpected_result"] == 1 and leaf.registers(0) == before
+
+
+def test_a_result_is_taken_only_from_the_parent_as_it_names_this_child(leaf):
+    for w in range(3):
+        leaf.process(pkt(w, 5, [1] * K), src(w))
+    for data, source in [(from_parent(5, [7] * K), ("10.0.9.2", 16711)),  # another address
+                         (from_parent(5, [7] * K, up=Uplink(PARENT.address, 40, 1, PARENT.key)), PARENT.address),
+                         (from_parent(5, [7] * K, up=Uplink(PARENT.address, 41, 2, PARENT.key)), PARENT.address),
+                         (from_parent(5, [7] * K, up=Uplink(PARENT.address, 40, 2, KEY)), PARENT.address),
+                         (from_parent(5, [7] * K), src(0))]:  # a worker can't pose as the parent
+        assert leaf.process(data, source) == []
+    assert leaf.counters()["global"]["malformed"] == 5 and jc(leaf)["results_from_parent"] == 0
+    assert len(leaf.process(from_parent(5, [7] * K), PARENT.address)) == 3
+    flat = job(job_id=2, base=4)  # and a switch with no parent takes none
+    leaf.add_job(flat)
+    assert leaf.process(from_parent(5, [7] * K, up=Uplink(PARENT.address, 2, 0, KEY)), PARENT.address) == []
+    assert leaf.counters()["global"]["malformed"] == 6
+
+
+def test_a_parents_result_of_another_k_is_dropped_by_the_job(leaf):
+    for w in range(3):
+        leaf.process(pkt(w, 5, [1] * K), src(w))
+    assert leaf.process(from_parent(5, [7] * (K + 1)), PARENT.address) == []
+    assert jc(leaf)["bad_count"] == 1 and leaf.registers(0).count == 3
+
+
+def test_an_owned_chunk_goes_whole_down_the_owners_branch_alone(model):
+    """A spine whose children are switches over 2, 1 and 3 ranks (tree ranks 0..5): rank 4 is under child 2."""
+    spine = model(num_slots=16)
+    spine.add_job(job(spans=(2, 1, 3)))
+    for w in range(3):
+        out = spine.process(owned(w, 5, 4, [w + 1] * K), src(w))
+    assert [(e.header.worker, e.header.count) for e in out] == [(0, 0), (1, 0), (2, K)]
+    (again,) = spine.process(owned(2, 5, 4, [0] * K), src(2))
+    assert again.header.count == K
+    (bare,) = spine.process(owned(0, 5, 4, [0] * K), src(0))  # child 0 holds ranks 0 and 1, not the owner
+    assert bare.header.count == 0 and bare.values is None
+    assert spine.process(owned(0, 6, 6, [0] * K), src(0)) == [] and jc(spine)["bad_owner"] == 1  # 6: no rank of its
+
+
+def test_a_leaf_passes_on_a_result_for_another_branchs_owner_as_headers(leaf):
+    """Owner 8 is not under this leaf (its ranks are 4..6): the parent sends its header alone, and so does the leaf,
+    now and on a child's repeat; owner 5 is its child 1, who alone gets the values."""
+    for w in range(3):
+        leaf.process(owned(w, 5, 8, [w + 1] * K), src(w))
+    out = leaf.process(from_parent(5, None, flags=FLAG_OWNER, owner=8), PARENT.address)
+    assert [(e.header.worker, e.header.count, e.values) for e in out] == [(0, 0, None), (1, 0, None), (2, 0, None)]
+    (again,) = leaf.process(owned(1, 5, 8, [0] * K), src(1))
+    assert again.header.count == 0
+    for w in range(3):
+        leaf.process(owned(w, 6, 5, [w + 1] * K), src(w))
+    out = leaf.process(from_parent(6, [9] * K, flags=FLAG_OWNER, owner=5), PARENT.address)
+    assert [(e.header.worker, e.header.count) for e in out] == [(0, 0), (1, K), (2, 0)]
+    assert decode(out[1])[1].tolist() == [9] * K
+
+
+def test_two_leaves_and_a_spine_sum_six_workers(model):
+    """The tree end to end on three switches of one kind, packets carried by hand: every worker gets the sum of all
+    six, and each level counted what it did."""
+    spine_at, leaves_at = ("10.0.8.1", 16711), [("10.0.8.2", 16711), ("10.0.8.3", 16711)]
+    spine = model(num_slots=16)
+    spine.add_job(JobEntry(40, 3, 0xFACE, 0, 4, K, tuple(leaves_at), spans=(3, 3)))
+    leaves = [model(num_slots=16) for _ in leaves_at]
+    for i, sw in enumerate(leaves):
+        sw.add_job(job(parent=Uplink(spine_at, 40, i, 0xFACE), rank_base=3 * i, tree_size=6))
+    got = {}
+    for i, sw in enumerate(leaves):
+        for w in range(3):
+            for e in sw.process(pkt(w, 5, [10 ** (3 * i + w)] * K, exp=3 * i + w), src(w)):
+                for down in spine.process(e.payload(), leaves_at[i]):
+                    for result in leaves[down.header.worker].process(down.payload(), spine_at):
+                        got[(down.header.worker, result.header.worker)] = decode(result)
+    assert sorted(got) == [(i, w) for i in range(2) for w in range(3)]
+    assert all(values.tolist() == [111111] * K and h.exponent == 5 for h, values in got.values())
+    assert jc(spine, 40)["results_multicast"] == 1 and [jc(sw)["results_from_parent"] for sw in leaves] == [1, 1]
+
+
+@pytest.mark.parametrize("tree, says", [({"spans": (1, 2)}, "spans"), ({"spans": (1, 0, 1)}, "spans"),
+                                        ({"rank_base": 5, "tree_size": 6}, "do not lie within"),
+                                        ({"tree_size": 70000}, "at most 65535"),
+                                        ({"parent": Uplink(("10.0.0.9", 1), 40, 32, 1)}, "child 0..31")])
+def test_a_tree_that_does_not_add_up_is_refused_saying_what_to_fix(model, tree, says):
+    with pytest.raises(ConfigError, match=says):
+        model(num_slots=16).add_job(job(**tree))
 
 
 def test_native_switch_matches_the_model_on_random_traffic():
@@ -604,7 +786,7 @@ def test_native_switch_matches_the_model_on_random_traffic():
     ref, native = SwitchModel(8), NativeSwitch(8)
     for m in (ref, native):
         m.add_job(job(job_id=1, n=3, base=0, slots=2, gen=5))
-        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6))
+        m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=6, **LEAF))
     emitted = 0
     # job 7 re-added at packet 3000 with its generation and another K, its workers going on from the chunks its
     # slots hold: the old state cleared, not taken for the new K's
@@ -619,7 +801,7 @@ def test_native_switch_matches_the_model_on_random_traffic():
         if i == 3000:
             for m in (ref, native):
                 m.remove_job(7)
-                m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=5))
+                m.add_job(job(job_id=7, n=5, base=2, slots=3, gen=6, k=5, **LEAF))
         want, got = ref.process(data, source), native.process(data, source)
         assert [(e.dst, e.payload()) for e in got] == [(e.dst, e.payload()) for e in want], f"packet {i}"
         emitted += len(want)

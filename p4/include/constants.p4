@@ -52,7 +52,13 @@ const bit<8>  SA_JOB_DUPLICATE_PENDING = 8;
 const bit<8>  SA_JOB_QUERIES = 9;
 const bit<8>  SA_JOB_RESULTS_TO_OWNER = 10;  /* a reduce-scatter's sum: whole to its owner, a header to the rest */
 const bit<8>  SA_JOB_BAD_OWNER = 11;         /* FLAG_OWNER with an owner that is not one of the job's ranks */
-#define SA_NUM_JOB_COUNTERS 12
+/* A tree's (section 10 of docs/protocol.md): partials sent up, sent up again for a repeat, parents' results sent down, and a
+ * parent's result that no copy awaited. The P4 programs serve no tree yet: these stay 0 there. */
+const bit<8>  SA_JOB_PARTIALS_UP = 12;
+const bit<8>  SA_JOB_PARTIALS_RESENT = 13;
+const bit<8>  SA_JOB_RESULTS_FROM_PARENT = 14;
+const bit<8>  SA_JOB_UNEXPECTED_RESULT = 15;
+#define SA_NUM_JOB_COUNTERS 16
 #define SA_JOB_COUNTER_STRIDE 16
 
 /* Multicast group that floods ordinary broadcast traffic (ARP); a job's group is its index + 1, so

@@ -36,6 +36,12 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_queries;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_to_owner;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_bad_owner;
+    /* A tree's events (docs/protocol.md section 10): the embedded switch counts them; this program serves no
+     * tree yet, so they stay 0 here, declared so that every target reads the same counters. */
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_partials_up;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_partials_resent;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_from_parent;
+    counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_unexpected_result;
 
     /* Stage 1: is the chunk new to the copy (other generation, or newer in serial-number order on
      * 32-bit ids: chunk - held in 1 .. 2^31 - 1), the one it holds, or older (stale)? Only a new

@@ -63,6 +63,8 @@ class SwitchModel:
         self.num_slots = num_slots
         self.table = JobTable(num_slots)
         self._admission: dict[tuple[int, int, str, int, int], JobEntry] = {}
+        # a parent's RESULTs, admitted as its packets name this switch: (its job, our child index, its address, key)
+        self._uplinks: dict[tuple[int, int, str, int, int], JobEntry] = {}
         self.global_counters = [0] * len(GlobalDrop)
         self.job_counters: dict[int, list[int]] = {}
         self.trace: list[str] | None = None
@@ -95,12 +97,16 @@ class SwitchModel:
         self._admission = {k: v for k, v in self._admission.items() if k[0] != entry.job_id}
         for rank, (ip, port) in enumerate(entry.workers):
             self._admission[(entry.job_id, rank, ip, port, entry.key)] = entry
+        self._uplinks = {k: v for k, v in self._uplinks.items() if v.job_id != entry.job_id}
+        if (up := entry.parent) is not None:
+            self._uplinks[(up.job_id, up.worker, *up.address, up.key)] = entry
 
     def remove_job(self, job_id: int) -> JobEntry:
         """Uninstall a job: its admission entries go, and its slots return to the power-up state."""
         entry = self.table.remove(job_id)
         self.job_counters.pop(job_id)
         self._admission = {k: v for k, v in self._admission.items() if k[0] != job_id}
+        self._uplinks = {k: v for k, v in self._uplinks.items() if v.job_id != job_id}
         self._clear(entry)
         return entry
 
@@ -132,14 +138,16 @@ class SwitchModel:
         h = unpack_header(data)
         if h.version != VERSION:
             return self._drop(GlobalDrop.BAD_VERSION)
-        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY)
+        if (h.type not in (PacketType.CONTRIB, PacketType.PROBE, PacketType.QUERY, PacketType.RESULT)
                 or h.flags & ~(FLAG_COPY | FLAG_OWNER) or (h.owner and not h.flags & FLAG_OWNER)
                 or h.worker >= MAX_WORKERS or len(data) != HEADER_SIZE + 4 * h.count
-                or (h.type != PacketType.CONTRIB and h.count)):
+                or (h.type not in (PacketType.CONTRIB, PacketType.RESULT) and h.count)):
             return self._drop(GlobalDrop.MALFORMED)
-        job = self._admission.get((h.job, h.worker, src[0], src[1], h.key))
+        admission = self._uplinks if h.type == PacketType.RESULT else self._admission
+        job = admission.get((h.job, h.worker, src[0], src[1], h.key))
         if job is None:
-            return self._drop(GlobalDrop.NOT_ADMITTED)
+            # a RESULT is a packet this switch takes only from the parent of one of its jobs
+            return self._drop(GlobalDrop.MALFORMED if h.type == PacketType.RESULT else GlobalDrop.NOT_ADMITTED)
         counters = self.job_counters[job.job_id]
         if h.type == PacketType.PROBE:
             counters[JobCounter.PROBES] += 1
@@ -153,13 +161,18 @@ class SwitchModel:
         if h.slot >= job.slot_count:
             counters[JobCounter.SLOT_OUT_OF_RANGE] += 1
             return []
-        # An owner is a rank of the job, which only admission knows: a drop of the job's, not malformed.
+        # An owner is a rank of the job's tree, which only admission knows: a drop of the job's, not malformed.
         # Without FLAG_OWNER the owner is 0 (checked above), which every job has.
-        if h.owner >= job.n_workers:
+        if h.owner >= job.tree_ranks:
             counters[JobCounter.BAD_OWNER] += 1
             return []
         if h.type == PacketType.QUERY:
             return self._query(h, src, job, counters)
+        if h.type == PacketType.RESULT:  # a parent's sum: whole, or its header alone where the owner is elsewhere
+            if h.count not in (0, job.values_per_packet):
+                counters[JobCounter.BAD_COUNT] += 1
+                return []
+            return self._from_parent(h, values_of(data, h.count), job, counters)
         if h.count != job.values_per_packet:
             counters[JobCounter.BAD_COUNT] += 1
             return []
@@ -232,7 +245,9 @@ class SwitchModel:
         count = self.count[i]
         if trace is not None:
             trace.append("count")
-        complete = count == job.n_workers
+        # Complete: every child counted. In a tree (a job with a parent) the count then says what the copy holds:
+        # n, its partial sum, sent up and awaiting the parent's; n + 1, the parent's result (_from_parent).
+        complete = count >= job.n_workers
         if repeat and not complete:
             counters[JobCounter.DUPLICATE_PENDING] += 1
             return []
@@ -257,25 +272,64 @@ class SwitchModel:
         if not complete:
             counters[JobCounter.CONTRIBUTIONS] += 1
             return []
-        # A reduce-scatter's chunk (FLAG_OWNER) goes whole to its owner alone: every other worker gets the
-        # RESULT's header with count 0, which frees its slot and carries the next exponent. The flag and
+        if job.parent is not None and count == job.n_workers:
+            # A partial sum goes up as one contribution of the parent's job, with the children's largest
+            # exponent; a repeat while it is awaited sends it again (the parent drops a copy it counted,
+            # and answers one it finished with its stored result).
+            counters[JobCounter.PARTIALS_RESENT if repeat else JobCounter.CONTRIBUTIONS] += 1
+            if not repeat:
+                counters[JobCounter.PARTIALS_UP] += 1
+            up = job.parent
+            return [Emit(up.address, h._replace(type=PacketType.CONTRIB, worker=up.worker, job=up.job_id, key=up.key,
+                                                exponent=exponent), self._snapshot(row))]
+        # A reduce-scatter's chunk (FLAG_OWNER) goes whole down the owner's branch alone: every other child gets
+        # the RESULT's header with count 0, which frees its slot and carries the next exponent. The flag and
         # the owner are the packet's (the completing one's, or the repeat's): all ranks mark a chunk alike.
         to_owner = bool(h.flags & FLAG_OWNER)
         if repeat:
             counters[JobCounter.RESULTS_UNICAST] += 1
-            if to_owner and h.worker != h.owner:
+            if to_owner and job.child_of(h.owner) != h.worker:
                 return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent, count=0), None)]
             return [Emit(src, h._replace(type=PacketType.RESULT, exponent=exponent), self._snapshot(row))]
-        result = self._snapshot(row)
         counters[JobCounter.CONTRIBUTIONS] += 1
         counters[JobCounter.RESULTS_TO_OWNER if to_owner else JobCounter.RESULTS_MULTICAST] += 1
-        # One replica per worker, each with its rank in the worker field (as the P4 egress writes it).
-        v, _, flags, _, job_id, slot, chunk, generation, key, _, owner, count = h
+        return self._down(h, job, exponent, self._snapshot(row))
+
+    def _from_parent(self, h: Header, values: np.ndarray, job: JobEntry, counters: list[int]) -> list[Emit]:
+        """The parent's RESULT for a copy whose partial it awaited: stored as the copy's result (count n + 1),
+        then sent down as a finished sum is. Any other copy's state (another chunk, one not complete here,
+        a result taken already) drops it: a late or repeated answer, or one from a run this copy never held."""
+        i = 2 * (job.slot_base + h.slot) + h.copy
+        trace = self.trace
+        outcome = self._tag(i, h)
+        if trace is not None:
+            trace.extend(("tag", "bitmap", "count"))  # read, read, and n -> n + 1 where awaited
+        if outcome != TagOutcome.SAME or self.count[i] != job.n_workers:
+            counters[JobCounter.UNEXPECTED_RESULT] += 1
+            return []
+        self.count[i] = job.n_workers + 1
+        self.exponent[i] = h.exponent
+        if trace is not None:
+            trace.append("exponent")
+        row = self.values[i]
+        if h.count:  # the header alone (owner elsewhere) leaves the partial: no child here gets the values
+            np.copyto(row, values)
+        if trace is not None:
+            trace.append("values")
+        counters[JobCounter.RESULTS_FROM_PARENT] += 1
+        return self._down(h, job, h.exponent, self._snapshot(row) if h.count else None)
+
+    def _down(self, h: Header, job: JobEntry, exponent: int, result: np.ndarray | None) -> list[Emit]:
+        """A finished sum to every child: one replica each, with its index in the worker field (as the P4
+        egress writes it), the job's id and key; whole down the owner's branch alone for a reduce-scatter's
+        chunk, and nowhere whole where ``result`` is None (a parent's header for another branch's owner)."""
+        v, _, flags, _, _, slot, chunk, generation, _, _, owner, count = h
+        owner_child = job.child_of(owner) if flags & FLAG_OWNER else None
         out = []
         for rank, dst in enumerate(job.workers):
-            whole = not to_owner or rank == owner
-            out.append(Emit(dst, Header(v, PacketType.RESULT, flags, rank, job_id, slot, chunk, generation, key,
-                                        exponent, owner, count if whole else 0), result if whole else None))
+            whole = result is not None and (not flags & FLAG_OWNER or rank == owner_child)
+            out.append(Emit(dst, Header(v, PacketType.RESULT, flags, rank, job.job_id, slot, chunk, generation,
+                                        job.key, exponent, owner, count if whole else 0), result if whole else None))
         return out
 
     def _snapshot(self, row: np.ndarray) -> np.ndarray:

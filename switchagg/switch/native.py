@@ -61,8 +61,11 @@ class NativeSwitch:
 
     def _install(self, entry: JobEntry) -> None:
         names = b"".join(sockaddr_in(address) for address in entry.workers)
+        bases = np.array(entry.child_bases(), dtype=np.uint32).tobytes()
+        up = entry.parent
+        parent = (b"", 0, 0, 0) if up is None else (sockaddr_in(up.address), up.job_id, up.worker, up.key)
         self._core.install(entry.job_id, entry.generation, entry.key, entry.slot_base, entry.slot_count,
-                           entry.values_per_packet, names)
+                           entry.values_per_packet, names, entry.tree_ranks, bases, *parent)
 
     def remove_job(self, job_id: int) -> JobEntry:
         entry = self.table.remove(job_id)
