@@ -213,9 +213,7 @@ class TorchPayloads:
             x = self._chunks[start:stop]
             q = torch.round(_times_pow2(x, _shift(e, self._log2n))).to(torch.int32)
             if (agreed[start:stop] == EXP_NONFINITE).any():  # class codes where some rank's chunk held NaN or inf
-                codes = ((x >= NONFINITE_FROM).int() * CLASS_POS + (x <= -NONFINITE_FROM).int() * CLASS_NEG
-                         + torch.isnan(x).int() * CLASS_NAN)
-                q = torch.where((e == EXP_NONFINITE)[:, None], codes, q)
+                q = torch.where((e == EXP_NONFINITE)[:, None], _encode_classes(x), q)
             self._rows[start:stop].copy_(q, non_blocking=True)
             copied = self.work.mark()
         self.work.wait(copied)
@@ -297,6 +295,13 @@ def _times_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     one = (k >= -126) & (k <= 127)
     first = torch.where(one, k, torch.div(k, 2, rounding_mode="floor"))
     return x * _pow2(first)[:, None] * _pow2(torch.where(one, 0, k - first))[:, None]
+
+
+def _encode_classes(x: torch.Tensor) -> torch.Tensor:
+    """Each value's class code (int32), as codec.quantize encodes a marked chunk, in a function of its
+    own so that tests can hold it to the numpy codec's for any number of contributors."""
+    return ((x >= NONFINITE_FROM).int() * CLASS_POS + (x <= -NONFINITE_FROM).int() * CLASS_NEG
+            + torch.isnan(x).int() * CLASS_NAN)
 
 
 def _decode_classes(counts: torch.Tensor) -> torch.Tensor:
