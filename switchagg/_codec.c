@@ -381,11 +381,12 @@ int sa_quantize_propose(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize
     return sa_propose(next, n_next);
 }
 
-/* A marked chunk's class codes: one count per class in its own byte, so that the switch's int32 sum
- * over up to MAX_WORKERS (32 < 256) workers adds each class's count without a carry into the next. */
-#define CLASS_POS 1u          /* +inf, or a value >= 2^126 */
-#define CLASS_NEG (1u << 8)   /* -inf, or a value <= -2^126 */
-#define CLASS_NAN (1u << 16)  /* NaN */
+/* A marked chunk's class codes: a count of +inf in the low 16 bits and of -inf in the high 16, a NaN
+ * counting in both (as +inf + -inf does), so that an aggregation tree's int32 sum over up to 65,535
+ * contributors, at any fan-in per level, adds each count without a carry into the other or a wrap. */
+#define CLASS_POS 1u                       /* +inf, or a value >= 2^126 */
+#define CLASS_NEG (1u << 16)               /* -inf, or a value <= -2^126 */
+#define CLASS_NAN (CLASS_POS | CLASS_NEG)  /* NaN */
 #define BITS_INF 0x7f800000u  /* float32 bit patterns, with the sign cleared */
 #define BITS_QNAN 0x7fc00000u  /* the one NaN decoding writes (numpy's and torch's default NaN) */
 
@@ -406,10 +407,10 @@ void sa_encode_nonfinite(const float *x, unsigned char *q, Py_ssize_t n, Py_ssiz
 void sa_decode_nonfinite(const unsigned char *s, float *y, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         uint32_t v = swap32(load_u32(s + 4 * i));
-        int pos = (v & 0xffu) != 0, neg = (v >> 8 & 0xffu) != 0, nan = (v >> 16 & 0xffu) != 0;
-        /* one sign alone keeps its infinity; anything else is NaN, all-finite positions included,
-         * because their finite sum was never sent */
-        uint32_t bits = nan || pos == neg ? BITS_QNAN : pos ? BITS_INF : BITS_INF | 0x80000000u;
+        int pos = (v & 0xffffu) != 0, neg = (v >> 16) != 0;
+        /* one sign alone keeps its infinity; anything else is NaN: both halves (a NaN, or both signs),
+         * or neither (all-finite positions, because their finite sum was never sent) */
+        uint32_t bits = pos == neg ? BITS_QNAN : pos ? BITS_INF : BITS_INF | 0x80000000u;
         memcpy(y + i, &bits, 4);
     }
 }
@@ -502,8 +503,8 @@ static PyObject *dequantize(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(encode_nonfinite_doc,
 "encode_nonfinite(src, dst)\n\n"
 "The class code of each float32 of ``src`` into ``dst`` as big-endian int32, zero-padded: 0 for\n"
-"a finite value below 2**126 in magnitude, 1 for +inf or >= 2**126, 1 << 8 for -inf or <= -2**126,\n"
-"1 << 16 for NaN. What a chunk whose agreed exponent is EXP_NONFINITE carries instead of values.");
+"a finite value below 2**126 in magnitude, 1 for +inf or >= 2**126, 1 << 16 for -inf or <= -2**126,\n"
+"1 | 1 << 16 for NaN. What a chunk whose agreed exponent is EXP_NONFINITE carries instead of values.");
 
 static PyObject *encode_nonfinite(PyObject *self, PyObject *args) {
     PyObject *src, *dst;
@@ -520,8 +521,9 @@ static PyObject *encode_nonfinite(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(decode_nonfinite_doc,
 "decode_nonfinite(src, dst)\n\n"
 "Summed class codes ``src`` (big-endian int32) into float32 ``dst`` (as many as ``dst`` holds): +inf\n"
-"where only +inf was counted, -inf where only -inf, NaN everywhere else (a NaN, both infinities,\n"
-"or only finite values, whose sum the marked chunk did not carry).");
+"where only the low 16 bits counted (only +inf), -inf where only the high 16 (only -inf), NaN\n"
+"everywhere else (both: a NaN or both infinities; neither: only finite values, whose sum the\n"
+"marked chunk did not carry). Exact for up to 65,535 contributors.");
 
 static PyObject *decode_nonfinite(PyObject *self, PyObject *args) {
     PyObject *src, *dst;

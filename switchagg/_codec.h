@@ -17,12 +17,13 @@ void sa_dequantize_past_cache(const unsigned char *s, float *y, Py_ssize_t n, in
 void sa_store_fence(void);
 /* A chunk whose agreed exponent is EXP_NONFINITE (127) carries class codes, not values: float32 x[0..n)
  * as big-endian int32 into q[0..size), zero-padded: 0 for a finite value of magnitude below 2^126,
- * 1 for +inf or >= 2^126, 1 << 8 for -inf or <= -2^126, 1 << 16 for NaN. Each class counts in a
- * byte of its own, so the switch's sum over up to 32 workers keeps the counts apart. */
+ * 1 for +inf or >= 2^126, 1 << 16 for -inf or <= -2^126, 1 | 1 << 16 for NaN. +inf counts in the
+ * low 16 bits and -inf in the high 16, so a tree's int32 sum over up to 65,535 contributors keeps the
+ * counts apart. */
 void sa_encode_nonfinite(const float *x, unsigned char *q, Py_ssize_t n, Py_ssize_t size);
-/* Summed class codes s[0..n) (big-endian int32) into float32 y[0..n): +inf where only +inf was
- * counted, -inf where only -inf, NaN (0x7fc00000) everywhere else: a NaN, both infinities, or only
- * finite values (the chunk carried no finite sums). */
+/* Summed class codes s[0..n) (big-endian int32) into float32 y[0..n): +inf where only the low half
+ * counted, -inf where only the high half, NaN (0x7fc00000) everywhere else: both halves (a NaN, or
+ * both infinities) or neither (only finite values: the chunk carried no finite sums). */
 void sa_decode_nonfinite(const unsigned char *s, float *y, Py_ssize_t n);
 /* The exponent float32 x[0..n) proposes (codec.propose_exponents for one block): the smallest e
  * with max|x| < 2^e, clamped to [-127, 126]; EXP_NONE for all zeros, EXP_NONFINITE where a value is

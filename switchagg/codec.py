@@ -24,13 +24,16 @@ Non-finite values propagate as allreduce does, and never stop one rank alone
 NaN, an infinity, or a magnitude of at least ``2**126`` (past the range a block
 exponent can scale) proposes :data:`~switchagg.wire.EXP_NONFINITE`, the largest
 exponent, so the switch's maximum hands the mark to every rank. A chunk so
-marked travels as *class codes* instead of values (``0`` finite, ``1`` +inf,
-``1 << 8`` -inf, ``1 << 16`` NaN: one byte per class, so the switch's sum over
-up to 32 workers counts each class apart), and decodes to +inf or -inf where
-only that infinity was counted and NaN everywhere else, the positions where
-every rank was finite included: their finite sum cannot share the packet. Every
-rank thus gets inf/NaN in that chunk and finite sums elsewhere, which is what
-``torch.amp.GradScaler`` looks for to skip a step.
+marked travels as *class codes* instead of values: ``0`` finite, ``1`` +inf,
+``1 << 16`` -inf, ``1 | 1 << 16`` NaN. +inf counts in the low 16 bits and -inf
+in the high 16, a NaN in both (as +inf plus -inf would), so the int32 sum of up
+to 65,535 contributors' codes keeps both counts exact, with no carry from one
+half into the other and no wrap, and an aggregation tree may add partial sums
+at any level. A position decodes to +inf or -inf where only that half counted,
+and to NaN everywhere else: where both did, and where neither did (every
+contributor was finite there, and their finite sum cannot share the packet).
+Every rank thus gets inf/NaN in that chunk and finite sums elsewhere, which is
+what ``torch.amp.GradScaler`` looks for to skip a step.
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ from .wire import EXP_NONE, EXP_NONFINITE, Buffer
 MIN_EXPONENT = -127  # below this float32 has only denormals; a larger e is still safe
 MAX_EXPONENT = EXP_NONFINITE - 1  # 126: the largest a finite block proposes; 127 is the mark
 NONFINITE_FROM = 2.0**MAX_EXPONENT  # a magnitude from here on cannot be scaled: its block is marked
-# The class codes of a marked chunk (EXP_NONFINITE), one byte each, so 32 workers' sums stay apart.
-CLASS_POS, CLASS_NEG, CLASS_NAN = 1, 1 << 8, 1 << 16
+# The class codes of a marked chunk (EXP_NONFINITE): +inf counts in the low 16 bits, -inf in the high
+# 16, NaN in both, so the sums of up to 65,535 contributors' codes stay apart (module docstring).
+CLASS_POS, CLASS_NEG = 1, 1 << 16
+CLASS_NAN = CLASS_POS | CLASS_NEG
 
 
 def ceil_log2(n: int) -> int:

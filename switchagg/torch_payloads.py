@@ -213,9 +213,7 @@ class TorchPayloads:
             x = self._chunks[start:stop]
             q = torch.round(_times_pow2(x, _shift(e, self._log2n))).to(torch.int32)
             if (agreed[start:stop] == EXP_NONFINITE).any():  # class codes where some rank's chunk held NaN or inf
-                codes = ((x >= NONFINITE_FROM).int() * CLASS_POS + (x <= -NONFINITE_FROM).int() * CLASS_NEG
-                         + torch.isnan(x).int() * CLASS_NAN)
-                q = torch.where((e == EXP_NONFINITE)[:, None], codes, q)
+                q = torch.where((e == EXP_NONFINITE)[:, None], _encode_classes(x), q)
             self._rows[start:stop].copy_(q, non_blocking=True)
             copied = self.work.mark()
         self.work.wait(copied)
@@ -299,11 +297,19 @@ def _times_pow2(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return x * _pow2(first)[:, None] * _pow2(torch.where(one, 0, k - first))[:, None]
 
 
+def _encode_classes(x: torch.Tensor) -> torch.Tensor:
+    """Each value's class code (int32), as codec.quantize encodes a marked chunk: +inf (or >= 2**126)
+    in the low 16 bits, -inf (or <= -2**126) in the high 16, NaN in both; a function of its own so that
+    tests can hold it to the numpy codec's for any number of contributors."""
+    return ((x >= NONFINITE_FROM).int() * CLASS_POS + (x <= -NONFINITE_FROM).int() * CLASS_NEG
+            + torch.isnan(x).int() * CLASS_NAN)
+
+
 def _decode_classes(counts: torch.Tensor) -> torch.Tensor:
-    """Summed class codes into floats, as codec.dequantize decodes them: an infinity where only that
-    sign was counted, NaN everywhere else (a NaN, both signs, or only finite values: no finite sum
-    travelled in the chunk)."""
-    pos = (counts & 0xFF) != 0
-    neg = ((counts >> 8) & 0xFF) != 0
-    nan = ((counts >> 16) & 0xFF) != 0
-    return torch.where(pos & ~neg & ~nan, torch.inf, torch.where(neg & ~pos & ~nan, -torch.inf, torch.nan))
+    """Summed class codes (int32, up to 65,535 contributors') into floats, as codec.dequantize decodes
+    them: an infinity where only that sign's half counted, NaN everywhere else (both halves: a NaN or
+    both signs; neither: only finite values, whose sum did not travel in the chunk). The shift is
+    arithmetic, which keeps a high half of 32,768 or more (a negative sum) non-zero all the same."""
+    pos = (counts & 0xFFFF) != 0
+    neg = (counts >> 16) != 0
+    return torch.where(pos & ~neg, torch.inf, torch.where(neg & ~pos, -torch.inf, torch.nan))

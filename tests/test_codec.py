@@ -151,22 +151,22 @@ def reference_exponents(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def reference_encode_nonfinite(block: np.ndarray, k: int) -> np.ndarray:
-    """The class codes of a marked chunk: 1 for +inf or >= 2**126, 1 << 8 for -inf or <= -2**126,
-    1 << 16 for NaN, 0 for the rest and for the padding."""
+    """The class codes of a marked chunk: 1 for +inf or >= 2**126, 1 << 16 for -inf or <= -2**126,
+    1 | 1 << 16 for NaN, 0 for the rest and for the padding."""
     with np.errstate(invalid="ignore"):
-        codes = ((block >= 2.0**126) * 1 + (block <= -(2.0**126)) * (1 << 8) + np.isnan(block) * (1 << 16))
+        codes = ((block >= 2.0**126) * 1 + (block <= -(2.0**126)) * (1 << 16) + np.isnan(block) * (1 | 1 << 16))
     wire = np.zeros(k, VALUE_DTYPE)
     wire[: block.size] = codes
     return wire
 
 
 def reference_decode_nonfinite(sums: np.ndarray) -> np.ndarray:
-    """Counts into floats: an infinity where only that sign was counted, NaN everywhere else."""
-    sums = sums.astype(np.int64)
-    pos, neg, nan = (sums & 0xFF) > 0, ((sums >> 8) & 0xFF) > 0, ((sums >> 16) & 0xFF) > 0
+    """Counts into floats: an infinity where only that sign's half was counted, NaN everywhere else."""
+    sums = sums.astype(np.int64) & 0xFFFFFFFF  # the int32 as the 32 bits the switch summed
+    pos, neg = (sums & 0xFFFF) > 0, (sums >> 16) > 0
     out = np.full(sums.size, np.nan, np.float32)
-    out[pos & ~neg & ~nan] = np.inf
-    out[neg & ~pos & ~nan] = -np.inf
+    out[pos & ~neg] = np.inf
+    out[neg & ~pos] = -np.inf
     return out
 
 
@@ -248,9 +248,9 @@ def test_summed_class_codes_decode_as_the_numpy_statement(xs, offset):
 
 
 def _classes(**counts: int) -> np.ndarray:
-    """One position's summed code: counts of +inf, -inf and NaN workers."""
-    return np.array([counts.get("pos", 0) + (counts.get("neg", 0) << 8) + (counts.get("nan", 0) << 16)],
-                    VALUE_DTYPE)
+    """One position's summed code: counts of +inf, -inf and NaN contributors, wrapped to int32 as summed."""
+    total = counts.get("pos", 0) + (counts.get("neg", 0) << 16) + counts.get("nan", 0) * (1 | 1 << 16)
+    return np.array([total], np.uint32).astype(VALUE_DTYPE)
 
 
 @pytest.mark.parametrize(("counts", "expected"), [
@@ -265,10 +265,68 @@ def _classes(**counts: int) -> np.ndarray:
     ({"pos": 2, "nan": 1}, np.nan),
     ({"neg": 1, "nan": 1}, np.nan),
     ({"pos": 10, "neg": 11, "nan": 11}, np.nan),
+    ({"pos": 256}, np.inf),  # one byte per class carried here
+    ({"neg": 256}, -np.inf),
+    ({"pos": 65_535}, np.inf),  # the most contributors the halves count
+    ({"neg": 65_535}, -np.inf),  # the sum's sign bit set: negative as int32
+    ({"nan": 65_535}, np.nan),  # all 32 bits set
+    ({"pos": 65_534, "nan": 1}, np.nan),
+    ({"neg": 65_534, "nan": 1}, np.nan),
 ])
 def test_decode_rules(counts, expected):
     out = codec.dequantize(_classes(**counts), EXP_NONFINITE, MAX_WORKERS, np.empty(1, np.float32))
     assert out.view(np.uint32)[0] == np.float32(expected).view(np.uint32)
+
+
+# Per position, how many contributors hold +inf, -inf and NaN (the rest are finite), and what the
+# position decodes to. 256 of a sign is where one byte per class carried into the next class.
+MANY_CONTRIBUTORS = [
+    (lambda n: (0, 0, 0), np.nan),  # every contributor finite: the finite sum was not carried
+    (lambda n: (n, 0, 0), np.inf),
+    (lambda n: (0, n, 0), -np.inf),
+    (lambda n: (0, 0, n), np.nan),
+    (lambda n: (256, 0, 0), np.inf),
+    (lambda n: (0, 256, 0), -np.inf),
+    (lambda n: (n - 1, 1, 0), np.nan),  # inf + -inf
+    (lambda n: (1, n - 1, 0), np.nan),
+    (lambda n: (n - 1, 0, 1), np.nan),
+    (lambda n: (0, n - 1, 1), np.nan),
+]
+
+
+def many_contributors(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` contributors' values, one row each, laid out per :data:`MANY_CONTRIBUTORS`, and what each
+    position decodes to. Every other infinity is a magnitude of at least 2**126, which counts as one."""
+    x = np.ones((n, len(MANY_CONTRIBUTORS)), np.float32)
+    for j, (counts, _) in enumerate(MANY_CONTRIBUTORS):
+        pos, neg, nan = counts(n)
+        x[:pos, j] = np.inf
+        x[:pos:2, j] = 2.0**126
+        x[pos:pos + neg, j] = -np.inf
+        x[pos:pos + neg:2, j] = -(2.0**127)
+        x[pos + neg:pos + neg + nan, j] = np.nan
+    return x, np.array([expected for _, expected in MANY_CONTRIBUTORS], np.float32)
+
+
+def tree_sum(codes: np.ndarray, fan_in: int = MAX_WORKERS) -> np.ndarray:
+    """Rows of int32 summed as an aggregation tree sums them: ``fan_in`` at a time, level by level, each
+    sum in int32 wrapping as the switch's does."""
+    while len(codes) > 1:
+        codes = np.concatenate([codes, np.zeros((-len(codes) % fan_in, codes.shape[1]), np.int32)])
+        codes = codes.reshape(-1, fan_in, codes.shape[1]).sum(axis=1, dtype=np.int32)
+    return codes[0]
+
+
+@pytest.mark.parametrize("n", [300, 1024, 65_535])
+def test_class_codes_of_up_to_65535_contributors_decode_right(n):
+    """A tree sums the codes of up to 65,535 contributors: each class's count must stay in its own half of
+    the int32 sum (one byte per class carried from 256 on), flat or summed level by level."""
+    x, expected = many_contributors(n)
+    codes = codec.quantize(x.reshape(-1), EXP_NONFINITE, n, np.empty(x.size, VALUE_DTYPE))  # elementwise
+    codes = codes.astype(np.int32).reshape(x.shape)
+    for total in (codes.sum(axis=0, dtype=np.int32), tree_sum(codes)):
+        out = codec.dequantize(total.astype(VALUE_DTYPE), EXP_NONFINITE, n, np.empty(total.size, np.float32))
+        assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
 def test_marked_chunks_reach_every_rank_and_the_rest_stay_finite():

@@ -9,13 +9,14 @@ import threading
 import numpy as np
 import pytest
 
-from switchagg import calls
+from switchagg import calls, codec
 from switchagg.payloads import FloatPayloads, Request
 from switchagg.switch.model import SwitchModel
 from switchagg.window import Window
 from switchagg.wire import EXP_NONFINITE, VALUE_DTYPE, datagram_size
 
 from .simnet import IMPLEMENTATIONS, Agreed, Impairment, Job, SimNet
+from .test_codec import many_contributors, tree_sum
 
 torch = pytest.importorskip("torch")
 from switchagg import torch_payloads  # noqa: E402
@@ -124,6 +125,20 @@ def test_marked_chunks_are_the_same_bits_on_both_paths(device, dtype):
     if dtype == "float32":
         assert out[300] == np.inf and out[301] == -np.inf
     assert np.isfinite(out[320:960]).all()
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("n", [300, 1024, 65_535])
+def test_class_codes_of_up_to_65535_contributors_are_the_same_bits_on_both_paths(device, n):
+    """The device's class codes of many contributors are the numpy codec's, and their sums over a tree
+    (past 32,768 in the high half: negative int32) decode on the device as the numpy codec decodes them."""
+    x, expected = many_contributors(n)
+    codes = torch_payloads._encode_classes(torch.from_numpy(x).to(device)).cpu().numpy()
+    ref = codec.quantize(x.reshape(-1), EXP_NONFINITE, n, np.empty(x.size, VALUE_DTYPE)).astype(np.int32)
+    assert codes.dtype == np.int32 and np.array_equal(codes.reshape(-1), ref)
+    total = tree_sum(codes)
+    out = torch_payloads._decode_classes(torch.from_numpy(total).to(device)).cpu().numpy()
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
 def staged_run(impl: str, *, seed: int, loss: float, collective: str = "allreduce", size: int = 999):
