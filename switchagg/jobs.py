@@ -225,7 +225,8 @@ def check_tree(entry: JobEntry) -> None:
         raise ConfigError(f"{where}: spans {list(entry.spans)} must give each of its {entry.n_workers} children the "
                           f"ranks under it (1 or more each)")
     if entry.rank_base < 0 or entry.tree_size < 0:
-        raise ConfigError(f"{where}: rank_base {entry.rank_base} and tree_size {entry.tree_size} count ranks: 0 or more")
+        raise ConfigError(f"{where}: rank_base {entry.rank_base} and tree_size {entry.tree_size} count ranks: 0 "
+                          f"or more")
     if entry.rank_base + entry.contributors > entry.tree_ranks or entry.tree_ranks > MAX_TREE_RANKS:
         raise ConfigError(f"{where}: ranks {entry.rank_base}..{entry.rank_base + entry.contributors - 1} under it do "
                           f"not lie within its tree's {entry.tree_ranks} (at most {MAX_TREE_RANKS}): fix rank_base, "

@@ -1,0 +1,138 @@
+"""Trees (docs/protocol.md section 10) end to end in the simulated network: hosts under leaf switches under a
+spine, loss and duplication on every hop, both implementations of the worker's state machine. A tree's sums
+are the flat job's of the same ranks, bit for bit: the same integer sum, under the same exponents and headroom.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from switchagg.switch.model import SwitchModel
+
+from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, tree
+
+LOSSY = {"lossless": Impairment(), "lossy": Impairment(loss=0.05, dup=0.01, jitter=0.0005)}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request) -> str:
+    return request.param
+
+
+def inputs(n: int, size: int, dtype, seed: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        return [rng.integers(-(2**31), 2**31, size, dtype=np.int64).astype(np.int32) for _ in range(n)]
+    return [(rng.standard_normal(size) * 10 ** rng.uniform(-3, 3)).astype(np.float32) for _ in range(n)]
+
+
+def run(net: SimNet, workers, xs, collective: str = "allreduce") -> list[np.ndarray]:
+    for w, x in zip(workers, xs, strict=True):
+        net.start(w, x, collective=collective)
+    net.run()
+    for w in workers:
+        assert w.error is None, w.error
+        assert w.red.done
+    return [w.out.copy() for w in workers]
+
+
+def flat(xs, k: int, impl: str, collective: str = "allreduce") -> list[np.ndarray]:
+    """The same call on one switch's flat job of every rank, lossless."""
+    job = Job(n=len(xs), k=k)
+    model = SwitchModel(64)
+    model.add_job(job.entry())
+    net = SimNet(model, impl=impl)
+    return run(net, [net.add_worker(job, r) for r in range(job.n)], xs, collective)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("links", sorted(LOSSY))
+def test_two_leaves_and_a_spine_sum_as_a_flat_job_does(impl, dtype, links):
+    switches: dict = {}
+    t = tree(switches, leaves=2, per_leaf=4, k=64)
+    net = SimNet(None, LOSSY[links], LOSSY[links], seed=5, impl=impl, switches=switches)
+    workers = net.add_tree_workers(t)
+    xs = inputs(8, 64 * 9 + 5, dtype)
+    got = run(net, workers, xs)
+    want = flat(xs, 64, impl)
+    for r, out in enumerate(got):
+        assert out.tobytes() == want[r].tobytes(), f"rank {r}"
+    if dtype == np.int32:
+        assert got[0].tolist() == np.sum(np.stack(xs).astype(np.int64), axis=0).astype(np.int32).tolist()
+    spine = switches[t.spine].counters()["jobs"][t.spine_entry.job_id]
+    leaves = [switches[at].counters()["jobs"][job.job_id] for at, job in zip(t.leaves, t.jobs, strict=True)]
+    assert spine["results_multicast"] >= 11 and all(c["partials_up"] == spine["results_multicast"] for c in leaves)
+    assert all(c["results_from_parent"] == c["partials_up"] for c in leaves)
+    if links == "lossy":
+        assert net.dropped > 0 and sum(c["partials_resent"] + c["results_unicast"] for c in leaves) > 0
+
+
+def test_a_reduce_scatter_in_a_tree_gives_each_rank_its_shard_whole_down_its_branch_alone(impl):
+    switches: dict = {}
+    t = tree(switches, leaves=3, per_leaf=2, k=16)
+    net = SimNet(None, LOSSY["lossy"], LOSSY["lossy"], seed=8, impl=impl, switches=switches)
+    workers = net.add_tree_workers(t)
+    xs = inputs(6, 6 * 40, np.float32)
+    got = run(net, workers, xs, "reduce_scatter")
+    want = flat(xs, 16, impl, "reduce_scatter")
+    assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+    spine = switches[t.spine].counters()["jobs"][t.spine_entry.job_id]
+    assert spine["results_to_owner"] > 0
+
+
+def test_a_stalled_parent_stalls_every_rank_with_no_partial_handed_out(impl):
+    """A spine that never answers: every rank's call stops with an error, and no rank was given a leaf's
+    partial sum as its result."""
+    switches: dict = {}
+    t = tree(switches, leaves=2, per_leaf=2, k=16)
+    switches.pop(t.spine)  # its address now leads nowhere: what is sent there is lost
+    net = SimNet(None, impl=impl, switches=switches)
+    workers = net.add_tree_workers(t)
+    for w, x in zip(workers, inputs(4, 40, np.int32), strict=True):
+        net.start(w, x, progress_timeout=2.0)
+        w.out[:] = 0
+    net.run()
+    assert all(w.error is not None for w in workers)
+    assert all(not w.out.any() for w in workers)
+
+
+def big_trees(loss: Impairment, xs, ys, k: int) -> float:
+    """32 leaves of 32 workers and a tree of 4 x 8 on the same spine (slots of its own) summing ``xs`` and
+    ``ys`` under ``loss`` on every hop; checks every rank's sum and returns the simulated time."""
+    switches: dict = {}
+    big = tree(switches, leaves=32, per_leaf=32, k=k, slots=4)
+    small = tree(switches, leaves=4, per_leaf=8, k=64, slots=8, slot_base=4, spine_job=101, first_leaf_job=33,
+                 leaf_net=2)
+    net = SimNet(None, loss, loss, seed=11, impl="native", switches=switches)
+    big_workers, small_workers = net.add_tree_workers(big), net.add_tree_workers(small)
+    for w, x in zip(big_workers + small_workers, xs + ys, strict=True):
+        net.start(w, x)
+    net.run()
+    for workers, data in ((big_workers, xs), (small_workers, ys)):
+        want = np.sum(np.stack(data).astype(np.int64), axis=0).astype(np.int32)
+        for w in workers:
+            assert w.error is None and w.red.done, w.error
+            assert np.array_equal(w.out, want)
+    assert (net.dropped > 100) == (loss.loss > 0)
+    return net.now
+
+
+def test_1024_workers_under_loss_on_every_hop_sum_exactly_beside_a_second_tree_on_the_spine(capsys):
+    """32 leaves of 32 workers at 1% loss on every hop, beside a tree of 4 x 8 on the same spine: every rank of
+    both gets the exact int32 sum. Prints the simulated call times against a flat job of 32 workers."""
+    k = 2 * 1024  # the call round holds each rank's descriptor: 2 words a rank
+    xs, ys = inputs(1024, 3 * k, np.int32, seed=12), inputs(32, 64 * 5, np.int32, seed=13)
+    loss = Impairment(loss=0.01, jitter=0.0002)
+    times = {"tree": big_trees(loss, xs, ys, k), "tree lossless": big_trees(Impairment(jitter=0.0002), xs, ys, k)}
+    for name, imp in (("flat", loss), ("flat lossless", Impairment(jitter=0.0002))):
+        job = Job(n=32, k=k, slots=4)
+        model = SwitchModel(64)
+        model.add_job(job.entry())
+        one = SimNet(model, imp, imp, seed=11, impl="native")
+        run(one, [one.add_worker(job, r) for r in range(32)], xs[:32])
+        times[name] = one.now
+    print("simulated ms per call, 1% loss per hop and lossless: "
+          + ", ".join(f"{name} {t * 1e3:.1f}" for name, t in times.items())
+          + f"; tree over flat {times['tree'] / times['flat']:.2f}x at 1%, "
+          f"{times['tree lossless'] / times['flat lossless']:.2f}x lossless")
