@@ -156,9 +156,20 @@ def _cmd_build_p4(args: argparse.Namespace) -> int:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_file(args.config)
-    gen = _target(args, cfg).deploy(cfg, lease=args.lease)
+    from .tree import TreeConfig, load
+
+    cfg = load(args.config)
+    _no_address_for_a_tree(args, cfg)
     lease = f"; it is removed {args.lease:g} s after its last renewal (`switchagg renew`)" if args.lease else ""
+    if isinstance(cfg, TreeConfig):  # the spine first, then every leaf under the generation it drew
+        spine = cfg.spine_job()
+        gen = _target(args, spine).deploy(spine, lease=args.lease)
+        for job in cfg.switch_jobs(gen)[1:]:
+            _target(args, job).deploy(job, lease=args.lease)
+        print(f"tree of job {cfg.job_id} deployed on the {args.target} target: the spine at {cfg.spine} and "
+              f"{len(cfg.leaves)} leaves, {cfg.ranks} workers, generation {gen}{lease}")
+        return 0
+    gen = _target(args, cfg).deploy(cfg, lease=args.lease)
     print(f"job {cfg.job_id} deployed on the {args.target} target: generation {gen}{lease}")
     return 0
 
@@ -170,10 +181,22 @@ def _cmd_renew(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_address_for_a_tree(args: argparse.Namespace, cfg: object) -> None:
+    from .tree import TreeConfig
+
+    if isinstance(cfg, TreeConfig) and args.address:
+        raise ConfigError("--address: a tree file names every switch's control port ([spine] and [[leaves]] "
+                          "control): drop the flag")
+
+
 def _cmd_undeploy(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_file(args.config)
-    _target(args, cfg).undeploy(cfg.job_id)
-    print(f"job {cfg.job_id} removed from the {args.target} target")
+    from .tree import TreeConfig, load
+
+    cfg = load(args.config)
+    _no_address_for_a_tree(args, cfg)
+    for job in cfg.switch_jobs()[::-1] if isinstance(cfg, TreeConfig) else [cfg]:  # leaves first, then the spine
+        _target(args, job).undeploy(job.job_id)
+        print(f"job {job.job_id} removed from the {args.target} target at {job.switch}")
     return 0
 
 
@@ -267,7 +290,8 @@ def _one_count(workers: Sequence[int] | None) -> int:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="the job's TOML file")
+    p.add_argument("--config", required=True, help="the job's TOML file (deploy and undeploy: or a tree file, "
+                                                   "every switch of a tree: docs/protocol.md section 10)")
     _target_choice(p, DEFAULT_TARGET)
     p.add_argument("--address", help="the target's control address (soft: the config's switch.control; "
                                      "bmv2: P4Runtime, 127.0.0.1:9559; tofino, tofino2: BfRt, 127.0.0.1:50052)")

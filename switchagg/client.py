@@ -84,6 +84,9 @@ def payloads_of(x: Any, request: Request, out: Any = None) -> Prepared:
 class Client:
     """One worker (``rank``) of the job described by ``config``.
 
+    In a tree (``config`` a leaf's job: :meth:`switchagg.tree.TreeConfig.worker` gives it) ``rank`` is the
+    worker's index under its leaf, which its packets carry; its calls' ranks are the tree's.
+
     ``start_timeout`` bounds the wait for the switch and the other workers at the
     start of the job; ``stall_timeout`` bounds any later wait for progress. Both
     end in an exception, never in a hang. ``batch_scheduling`` runs the client's thread
@@ -164,7 +167,7 @@ class Client:
         takes part in the call round, saying so, so that its peers fail the same call and the
         ranks' next calls stay paired.
         """
-        return self._collective_async(x, Request(self.config.values_per_packet, self.config.n_workers, op), out)
+        return self._collective_async(x, Request(self.config.values_per_packet, self.config.ranks, op), out)
 
     def reduce_scatter(self, x: Any, op: str = "sum", out: Any = None) -> Any:
         """This rank's shard of the sum (or mean) of ``x`` over all workers; a new 1-D array unless ``out``.
@@ -186,8 +189,8 @@ class Client:
         ``x``) is a call like any other, with an empty shard.
         """
         cfg = self.config
-        return self._collective_async(x, Request(cfg.values_per_packet, cfg.n_workers, op, "reduce_scatter",
-                                                 self.rank), out)
+        return self._collective_async(x, Request(cfg.values_per_packet, cfg.ranks, op, "reduce_scatter",
+                                                 cfg.rank_of(self.rank)), out)
 
     def fail_async(self, error: BaseException) -> Future:
         """Take part in the next call as a rank that cannot (a caller whose own step before the call failed):
@@ -332,8 +335,9 @@ class Client:
 
     def _params(self, generation: int) -> StreamParams:
         cfg = self.config
+        tree = (cfg.rank_of(self.rank), cfg.ranks) if cfg.tree_size else (None, None)
         return StreamParams(cfg.job_id, self.rank, cfg.key, generation, cfg.n_workers, cfg.slot_count,
-                            cfg.values_per_packet, cfg.asks_first)
+                            cfg.values_per_packet, cfg.asks_first, *tree)
 
     def _ensure_session(self, timeout: float) -> int:
         """Probe (the installed generation) and join the peers in a session of this run's own."""
@@ -341,7 +345,7 @@ class Client:
             if self.generation is None:
                 self._probe(timeout)
             cfg = self.config
-            join = Join(self.generation, self.rank, cfg.n_workers, cfg.values_per_packet, cfg.slot_count)
+            join = Join(self.generation, cfg.rank_of(self.rank), cfg.ranks, cfg.values_per_packet, cfg.slot_count)
             while join.session is None:
                 join.take(self._exchange(join.phase, timeout))
             self.session = join.session
@@ -371,7 +375,7 @@ class Client:
         """
         self._ensure_session(self.start_timeout)
         cfg = self.config
-        k, n = cfg.values_per_packet, cfg.n_workers
+        k, n, rank = cfg.values_per_packet, cfg.ranks, cfg.rank_of(self.rank)
         if job is None:  # this rank's input could not be reduced: it says so in the call round
             empty = np.empty(0, dtype=np.int32)
             payloads, layout = Int32Payloads(empty, np.empty_like(empty), k), calls.Layout(k, 0)
@@ -381,7 +385,7 @@ class Client:
         red = NativeReduction(self._params(self.session), self.window, payloads, n_chunks=layout.n_chunks,
                               first_id=first, copies=self._copies, now=time.monotonic(), started=self._started,
                               progress_timeout=self.stall_timeout if self._started else self.start_timeout,
-                              call=calls.rows(desc, self.rank, n, k), layout=layout, arena=self._arena)
+                              call=calls.rows(desc, rank, n, k), layout=layout, arena=self._arena)
         self._next_id = (first + red.total) & _U32
         self._seq += 1
         self._drive(red, payloads.advance if isinstance(payloads, StagedPayloads) else None)
@@ -391,7 +395,7 @@ class Client:
             self._copies[:used] ^= 1
             self._next_id = (first + used) & _U32
             if not desc.failed:  # a rank that failed raises its own error
-                raise _Paired(calls.mismatch_error(red.mismatch, n, self.rank))
+                raise _Paired(calls.mismatch_error(red.mismatch, n, rank))
         return red.marked
 
     def _drive(self, red: Reduction | NativeReduction,

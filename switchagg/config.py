@@ -20,6 +20,12 @@ Example (``docs/protocol.md`` explains the fields)::
     # mac = "02:5a:00:00:00:01"   # the P4 targets: the worker's Ethernet address ...
     # switch_port = 1             # ... and the switch port it hangs off
 
+A switch's job in a tree (``docs/protocol.md`` section 10; :mod:`switchagg.tree` writes these from one
+tree file) says where it sits: ``[parent]`` (its parent switch's ``address``, the parent's ``job`` id,
+this switch's ``index`` among the parent's children and the parent job's ``key``) and ``[tree]``
+(``rank_base``: the tree rank of its first worker; ``size``: the tree's ranks; ``spans``: the ranks
+under each child, where the children are switches).
+
 Every key and table is checked: one this module does not know is refused with the nearest known
 name (a typo would otherwise leave a default silently in force), and every value is checked for
 its type and range before anything uses it.
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .wire import MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
+from .wire import MAX_TREE_RANKS, MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 
 # "auto" asks first from this many workers on: where every worker resends, a lost contribution
 # costs all n a resend, (n + 1) / 2 per packet lost with lost results, more than 3 from 6 workers on
@@ -58,6 +64,8 @@ LOSS_RECOVERY = {
 SWITCH_KEYS = ("address", "control")
 JOB_KEYS = ("id", "key", "slot_base", "slot_count", "values_per_packet", "loss_recovery", "generation")
 WORKER_KEYS = ("address", "mac", "switch_port")
+PARENT_KEYS = ("address", "job", "index", "key")
+TREE_KEYS = ("rank_base", "size", "spans")
 
 # Tables a target reads from the job file, beside [switch], [job] and [[workers]], with their keys:
 # none today (BMv2 and Tofino take all they need from those three and from the command line). A
@@ -108,6 +116,17 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class ParentSpec:
+    """A tree's parent switch of this job (``[parent]``): where its partial sums go, as child ``index`` of
+    the parent's job ``job`` under that job's ``key``."""
+
+    address: Endpoint
+    job: int
+    index: int
+    key: int
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """Everything a worker and a switch must agree on for one job."""
 
@@ -122,6 +141,11 @@ class JobConfig:
     control: Endpoint | None = None
     loss_recovery: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # its place in a tree (docs/protocol.md section 10): none, the defaults, for a flat job
+    parent: ParentSpec | None = None
+    rank_base: int = 0
+    tree_size: int = 0
+    spans: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         """Refuse, naming the field and what to write, anything a worker or a switch could not use."""
@@ -153,17 +177,47 @@ class JobConfig:
                     f"workers {seen[w.address]} and {rank} both use {w.address}: "
                     "give every worker its own address and port")
             seen[w.address] = rank
+        self._check_tree()
         # Each call's first packets carry a call descriptor and a session nonce, one 32-bit word each,
-        # for every worker: a packet must have room for 2n values.
-        k, n = self.values_per_packet, len(self.workers)
+        # for every rank: a packet must have room for 2n values.
+        k, n = self.values_per_packet, self.ranks
         if k < 2 * n:
             raise ConfigError(
-                f"job.values_per_packet = {k} is below 2 x {n} workers: each call's first packet carries "
-                f"two values per worker; use values_per_packet >= {2 * n}")
+                f"job.values_per_packet = {k} is below 2 x {n} ranks: each call's first packet carries "
+                f"two values per rank; use values_per_packet >= {2 * n}")
+
+    def _check_tree(self) -> None:
+        """A tree's fields in range, and adding up (jobs.check_tree says so again for the switch's entry)."""
+        if self.parent is not None:
+            if not isinstance(self.parent, ParentSpec) or not isinstance(self.parent.address, Endpoint):
+                raise ConfigError(f"parent = {self.parent!r}: give a ParentSpec with an Endpoint address")
+            _check_range("parent.job", self.parent.job, 0, 0xFFFF)
+            _check_range("parent.index", self.parent.index, 0, MAX_WORKERS - 1)
+            _check_range("parent.key", self.parent.key, 0, 0xFFFFFFFF)
+        _check_range("tree.rank_base", self.rank_base, 0, MAX_TREE_RANKS - 1)
+        _check_range("tree.size", self.tree_size, 0, MAX_TREE_RANKS)
+        if not isinstance(self.spans, tuple) or (self.spans and len(self.spans) != len(self.workers)):
+            raise ConfigError(f"tree.spans = {self.spans!r}: give the ranks under each of the "
+                              f"{len(self.workers)} children, or none (a leaf's children are one rank each)")
+        for i, span in enumerate(self.spans):
+            _check_range(f"tree.spans[{i}]", span, 1, MAX_TREE_RANKS)
+        under = sum(self.spans) if self.spans else len(self.workers)
+        if self.rank_base + under > self.ranks:
+            raise ConfigError(f"tree.rank_base = {self.rank_base}: its {under} ranks from there do not fit the "
+                              f"tree's {self.ranks} (tree.size): fix rank_base or size")
 
     @property
     def n_workers(self) -> int:
         return len(self.workers)
+
+    @property
+    def ranks(self) -> int:
+        """The ranks of a call: the tree's (``[tree]`` size), or the job's workers."""
+        return self.tree_size or (sum(self.spans) if self.spans else len(self.workers))
+
+    def rank_of(self, worker: int) -> int:
+        """Worker ``worker``'s rank in a call: its tree rank in a tree, else itself."""
+        return self.rank_base + worker
 
     def with_generation(self, generation: int | None) -> JobConfig:
         return replace(self, generation=generation)
@@ -181,7 +235,7 @@ class JobConfig:
                               "UTF-8, as TOML requires") from None
         except OSError as exc:
             raise ConfigError(f"cannot read job file {path}: {exc.strerror or exc}; give a readable file") from None
-        data = _parse_toml(text, f"job file {path}")
+        data = parse_toml(text, f"job file {path}")
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
@@ -190,7 +244,7 @@ class JobConfig:
     @classmethod
     def from_toml(cls, text: str, what: str = "the job's TOML") -> JobConfig:
         """A job from TOML text, ``what`` naming it in errors (the control port's ``add_job`` reads one so)."""
-        return cls.from_dict(_parse_toml(text, what))
+        return cls.from_dict(parse_toml(text, what))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobConfig:
@@ -198,30 +252,41 @@ class JobConfig:
         if not isinstance(data, dict):
             raise ConfigError("a job file holds tables: [switch], [job] and [[workers]]")
         _check_tables(data)
-        switch = _table(data, "switch")
-        _check_keys(switch, SWITCH_KEYS, "switch")
-        job = _table(data, "job")
-        _check_keys(job, JOB_KEYS, "job")
+        switch = table_of(data, "switch")
+        check_keys(switch, SWITCH_KEYS, "switch")
+        job = table_of(data, "job")
+        check_keys(job, JOB_KEYS, "job")
         workers = data.get("workers")
         if not isinstance(workers, list) or not workers:
             raise ConfigError("list the workers as [[workers]] tables with an 'address' each")
         for i, w in enumerate(workers):
             if not isinstance(w, dict):
                 raise ConfigError(f"workers[{i}] = {w!r}: each worker is a [[workers]] table with an 'address'")
-            _check_keys(w, WORKER_KEYS, f"workers[{i}]")
+            check_keys(w, WORKER_KEYS, f"workers[{i}]")
         extra = {}
         for name in TARGET_TABLES:
             if name in data:
-                extra[name] = _table(data, name)
-                _check_keys(extra[name], TARGET_TABLES[name], name)
+                extra[name] = table_of(data, name)
+                check_keys(extra[name], TARGET_TABLES[name], name)
+        parent = tree = None
+        if "parent" in data:
+            parent = table_of(data, "parent")
+            check_keys(parent, PARENT_KEYS, "parent")
+        if "tree" in data:
+            tree = table_of(data, "tree")
+            check_keys(tree, TREE_KEYS, "tree")
+        tree = tree or {}
+        spans = tree.get("spans", [])
+        if not isinstance(spans, list):
+            raise ConfigError(f"tree.spans = {spans!r}: write a list of the ranks under each child, e.g. [4, 4]")
         # K first: the default slot count is worked out from it
         k = job.get("values_per_packet", P4_VALUES_PER_PACKET)
         _check_range("job.values_per_packet", k, 1, MAX_VALUES_PER_PACKET)
         return cls(
-            switch=Endpoint.parse(_get(switch, "address", "switch"), "switch.address"),
+            switch=Endpoint.parse(get_key(switch, "address", "switch"), "switch.address"),
             control=Endpoint.parse(switch["control"], "switch.control") if "control" in switch else None,
-            job_id=_get(job, "id", "job"),
-            key=_get(job, "key", "job"),
+            job_id=get_key(job, "id", "job"),
+            key=get_key(job, "key", "job"),
             slot_base=job.get("slot_base", 0),
             slot_count=job.get("slot_count", default_slot_count(k)),
             values_per_packet=k,
@@ -229,13 +294,19 @@ class JobConfig:
             loss_recovery=job.get("loss_recovery", "auto"),
             workers=tuple(
                 WorkerSpec(
-                    address=Endpoint.parse(_get(w, "address", f"workers[{i}]"), f"workers[{i}].address"),
+                    address=Endpoint.parse(get_key(w, "address", f"workers[{i}]"), f"workers[{i}].address"),
                     mac=w.get("mac"),
                     switch_port=w.get("switch_port"),
                 )
                 for i, w in enumerate(workers)
             ),
             extra=extra,
+            parent=None if parent is None else ParentSpec(
+                Endpoint.parse(get_key(parent, "address", "parent"), "parent.address"),
+                get_key(parent, "job", "parent"), get_key(parent, "index", "parent"), get_key(parent, "key", "parent")),
+            rank_base=tree.get("rank_base", 0),
+            tree_size=tree.get("size", 0),
+            spans=tuple(spans),
         )
 
     @property
@@ -243,7 +314,7 @@ class JobConfig:
         """Whether a worker sends a QUERY before it resends a contribution (``loss_recovery``, with
         ``"auto"`` settled by the number of workers)."""
         if self.loss_recovery == "auto":
-            return self.n_workers >= QUERY_FROM_WORKERS
+            return self.ranks >= QUERY_FROM_WORKERS
         return self.loss_recovery == "query"
 
     def to_toml(self) -> str:
@@ -266,6 +337,14 @@ class JobConfig:
                 lines.append(f"switch_port = {w.switch_port}")
         for name, table in self.extra.items():
             lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        if self.parent is not None:
+            p = self.parent
+            lines += ["", "[parent]", f'address = "{p.address}"', f"job = {p.job}", f"index = {p.index}",
+                      f"key = {p.key:#x}"]
+        if self.rank_base or self.tree_size or self.spans:
+            lines += ["", "[tree]", f"rank_base = {self.rank_base}", f"size = {self.tree_size}"]
+            if self.spans:
+                lines.append(f"spans = [{', '.join(map(str, self.spans))}]")
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | Path) -> Path:
@@ -274,7 +353,7 @@ class JobConfig:
         return path
 
 
-def _parse_toml(text: str, what: str) -> dict[str, Any]:
+def parse_toml(text: str, what: str) -> dict[str, Any]:
     """``text`` parsed, ``what`` naming it in errors: every way the text can fail to parse is a ConfigError
     saying what to fix, never the parser's traceback."""
     try:
@@ -314,7 +393,7 @@ def _toml_value(v: Any) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
+def table_of(data: dict[str, Any], name: str) -> dict[str, Any]:
     if name not in data:
         raise ConfigError(f"the [{name}] table is missing")
     table = data[name]
@@ -326,8 +405,9 @@ def _table(data: dict[str, Any], name: str) -> dict[str, Any]:
 def _check_tables(data: dict[str, Any]) -> None:
     """Refuse a table this module does not know, naming the nearest known one (or, for a key written
     above every table, the table it belongs in)."""
-    tables = ("switch", "job", "workers", *TARGET_TABLES)
-    homes = {"switch": SWITCH_KEYS, "job": JOB_KEYS, "workers": WORKER_KEYS, **TARGET_TABLES}
+    tables = ("switch", "job", "workers", "parent", "tree", *TARGET_TABLES)
+    homes = {"switch": SWITCH_KEYS, "job": JOB_KEYS, "workers": WORKER_KEYS, "parent": PARENT_KEYS,
+             "tree": TREE_KEYS, **TARGET_TABLES}
     for name, value in data.items():
         if name in tables:
             continue
@@ -344,7 +424,7 @@ def _header(table: str) -> str:
     return "[[workers]]" if table == "workers" else f"[{table}]"
 
 
-def _check_keys(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+def check_keys(table: dict[str, Any], known: tuple[str, ...], where: str) -> None:
     """Refuse a key that is not in ``known``, naming the nearest one: a typo must not leave a default in force."""
     for key in table:
         if key in known:
@@ -368,7 +448,7 @@ def _check_worker(rank: int, w: WorkerSpec) -> None:
         _check_range(f"workers[{rank}].switch_port", w.switch_port, 0, MAX_SWITCH_PORT)
 
 
-def _get(table: dict[str, Any], key: str, where: str) -> Any:
+def get_key(table: dict[str, Any], key: str, where: str) -> Any:
     if key not in table:
         raise ConfigError(f"{where}.{key} is missing")
     return table[key]

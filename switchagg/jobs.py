@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .wire import MAX_WORKERS
+from .wire import MAX_TREE_RANKS, MAX_WORKERS
 
 if TYPE_CHECKING:
     from .config import JobConfig
@@ -79,9 +79,6 @@ def new_generation(avoid: int = 0) -> int:
             return g
 
 
-MAX_TREE_RANKS = 0xFFFF  # contributors a tree sums at most: what the non-finite class codes count exactly
-
-
 @dataclass(frozen=True)
 class Uplink:
     """Where a switch in a tree sends a job's partial sums: its parent switch, where the partial is one
@@ -118,8 +115,11 @@ class JobEntry:
 
     @classmethod
     def from_config(cls, config: JobConfig, generation: int) -> JobEntry:
+        p = config.parent
         return cls(config.job_id, generation, config.key, config.slot_base, config.slot_count,
-                   config.values_per_packet, tuple(w.address.tuple for w in config.workers))
+                   config.values_per_packet, tuple(w.address.tuple for w in config.workers),
+                   None if p is None else Uplink(p.address.tuple, p.job, p.index, p.key), config.spans,
+                   config.rank_base, config.tree_size)
 
     @property
     def n_workers(self) -> int:

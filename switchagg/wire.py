@@ -19,7 +19,8 @@ import numpy as np
 
 VERSION = 1
 UDP_PORT = 16711  # 0x4147, "AG": the switch's port; workers use any port.
-MAX_WORKERS = 32  # the width of the worker bitmap
+MAX_WORKERS = 32  # the width of the worker bitmap: the children of one switch's job
+MAX_TREE_RANKS = 0xFFFF  # the ranks a tree of jobs sums at most: what a marked chunk's class codes count exactly
 EXP_NONE = -128  # "no exponent": an all-zero block, or no next chunk on the slot
 # A block proposing EXP_NONFINITE holds NaN, +-inf, or a magnitude >= 2**126 (past the codec's range).
 # The switch keeps the max of the proposals, so one rank's mark reaches every rank with no switch change.

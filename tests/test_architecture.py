@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "switchagg"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("wire", "errors", "transport", "scheduling", "netns"),  # the format, the errors, the sockets, the I/O
     # thread's policy, network namespaces (the loss and link benches' and the BMv2 bed's)
-    ("codec", "calls", "session", "window", "protocol", "diagnosis", "config", "jobs", "frames", "scapy_layer",
-     "torch_payloads", "payloads"),  # sans-I/O core
+    ("codec", "calls", "session", "window", "protocol", "diagnosis", "config", "tree", "jobs", "frames",
+     "scapy_layer", "torch_payloads", "payloads"),  # sans-I/O core
     ("switch.records", "switch.model", "switch.native", "switch.control", "switch.control_client",
      "switch.server"),  # the switch: semantics, then the server around them
     ("targets.base", "targets.p4c", "targets.p4job", "targets.bfrt", "targets.tofino_build", "targets.soft",

@@ -129,12 +129,12 @@ def test_values_per_packet_holds_two_words_per_worker():
     """Each call's first packet carries a call descriptor and a session nonce for every worker."""
     with pytest.raises(ConfigError) as info:
         JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 9, workers(5))
-    assert str(info.value) == ("job.values_per_packet = 9 is below 2 x 5 workers: each call's first packet "
-                               "carries two values per worker; use values_per_packet >= 10")
+    assert str(info.value) == ("job.values_per_packet = 9 is below 2 x 5 ranks: each call's first packet "
+                               "carries two values per rank; use values_per_packet >= 10")
     assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 10, workers(5)).values_per_packet == 10
     # the P4 program's K = 64 holds the most workers a job may have
     assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 64, workers(32)).n_workers == 32
-    refused(r"job.values_per_packet = 3 is below 2 x 2 workers", job="values_per_packet = 3")
+    refused(r"job.values_per_packet = 3 is below 2 x 2 ranks", job="values_per_packet = 3")
 
 
 def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():

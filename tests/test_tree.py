@@ -5,11 +5,19 @@ are the flat job's of the same ranks, bit for bit: the same integer sum, under t
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
+from switchagg import Client, ConfigError, JobConfig, SoftSwitch
+from switchagg.__main__ import main
+from switchagg.config import ParentSpec, parse_toml
+from switchagg.loopback import free_ports
 from switchagg.switch.model import SwitchModel
+from switchagg.tree import TreeConfig
 
+from .conftest import run_ranks
 from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, tree
 
 LOSSY = {"lossless": Impairment(), "lossy": Impairment(loss=0.05, dup=0.01, jitter=0.0005)}
@@ -136,3 +144,80 @@ def test_1024_workers_under_loss_on_every_hop_sum_exactly_beside_a_second_tree_o
           + ", ".join(f"{name} {t * 1e3:.1f}" for name, t in times.items())
           + f"; tree over flat {times['tree'] / times['flat']:.2f}x at 1%, "
           f"{times['tree lossless'] / times['flat lossless']:.2f}x lossless")
+
+
+
+def tree_file(per_leaf: int, leaves: int = 2, k: int = 64, slots: int = 16) -> str:
+    """A tree file for a spine and ``leaves`` leaves on loopback, their control ports and workers on free ports."""
+    udp, tcp = free_ports(1 + leaves + leaves * per_leaf), free_ports(1 + leaves, socket.SOCK_STREAM)
+    workers = iter(udp[1 + leaves:])
+    text = (f"[job]\nid = 3\nkey = 0x7ee\nslot_count = {slots}\nvalues_per_packet = {k}\n\n"
+            f'[spine]\naddress = "127.0.0.1:{udp[0]}"\ncontrol = "127.0.0.1:{tcp[0]}"\n')
+    for leaf in range(leaves):
+        names = ", ".join(f'"127.0.0.1:{next(workers)}"' for _ in range(per_leaf))
+        text += (f'\n[[leaves]]\naddress = "127.0.0.1:{udp[1 + leaf]}"\ncontrol = "127.0.0.1:{tcp[1 + leaf]}"\n'
+                 f"workers = [{names}]\n")
+    return text
+
+
+def test_a_tree_file_gives_every_switch_its_job_and_every_worker_its_leaf(tmp_path):
+    path = tmp_path / "tree.toml"
+    path.write_text(tree_file(per_leaf=3, leaves=2))
+    t = TreeConfig.from_file(path)
+    spine, *leaves = t.switch_jobs()
+    assert t.ranks == 6 and spine.switch == t.spine and [w.address for w in spine.workers] == [
+        leaf.address for leaf in t.leaves]
+    assert spine.spans == (3, 3) and spine.parent is None and spine.tree_size == 6
+    for i, leaf in enumerate(leaves):
+        assert leaf.parent == ParentSpec(t.spine, 3, i, 0x7EE) and leaf.rank_base == 3 * i and leaf.ranks == 6
+        assert JobConfig.from_toml(leaf.to_toml()) == leaf  # what deploy sends the switch reads back the same
+    assert JobConfig.from_toml(spine.to_toml()) == spine
+    cfg, local = t.worker(4)
+    assert cfg == leaves[1] and local == 1 and cfg.rank_of(local) == 4
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda text: text.replace("[spine]", "[spin]"), r"\[spin\] is not a table of a tree file"),
+    (lambda text: text.replace("workers = [", "worker = ["), "leaves\\[0\\].worker is not a known key"),
+    (lambda text: text.replace("values_per_packet = 64", "values_per_packet = 8"), "below 2 x 6 ranks"),
+    (lambda text: text + "\n[[leaves]]\naddress = \"127.0.0.1:1\"\nworkers = []\n", "list its workers"),
+])
+def test_a_tree_file_that_does_not_add_up_says_what_to_fix(change, says):
+    with pytest.raises(ConfigError, match=says):
+        TreeConfig.from_dict(parse_toml(change(tree_file(per_leaf=3, leaves=2)), "the tree"))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_path, dtype, capsys):
+    """A spine and two leaves, each an embedded switch with its control port, deployed from one tree file by
+    `switchagg deploy` (every level under the spine's generation); four clients, two under each leaf, get the
+    flat job's sums, bit for bit; `switchagg undeploy` removes the job from every switch."""
+    path = tmp_path / "tree.toml"
+    path.write_text(tree_file(per_leaf=2, leaves=2, k=256))
+    t = TreeConfig.from_file(path)
+    switches = [SoftSwitch(job.switch, control=job.control).start() for job in t.switch_jobs()]
+    try:
+        assert main(["deploy", "--config", str(path)]) == 0
+        assert len({sw.model.jobs[3].generation for sw in switches}) == 1
+        xs = inputs(4, 256 * 7 + 3, dtype)
+        got = run_ranks(4, lambda r: once(*t.worker(r), xs[r]))
+        for out in got:
+            assert not isinstance(out, BaseException), out
+        want = flat(xs, 256, "native")
+        assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+        counters = [sw.model.counters()["jobs"][3] for sw in switches]
+        assert counters[0]["results_multicast"] > 0 and counters[0]["contributions"] == 2 * counters[0][
+            "results_multicast"]
+        assert all(c["partials_up"] == c["results_from_parent"] == counters[0]["results_multicast"]
+                   for c in counters[1:])
+        assert main(["undeploy", "--config", str(path)]) == 0
+        assert all(not sw.model.jobs for sw in switches)
+    finally:
+        for sw in switches:
+            sw.stop()
+            assert sw.error is None
+
+
+def once(cfg, rank, x):
+    with Client(cfg, rank) as c:
+        return c.allreduce(x)
