@@ -437,7 +437,9 @@ class Client:
     def _diagnose(self, red: Reduction | NativeReduction) -> str:
         """Which workers the stuck slots still wait for (:mod:`switchagg.diagnosis`): from the switch's
         control port where the config names one (the embedded switch), else from its answers to QUERYs."""
-        diagnosis = Diagnosis(red.params, red.pending())
+        up = self.config.parent
+        parent = None if up is None else f"at {up.address} (job {up.job}, where this switch is child {up.index})"
+        diagnosis = Diagnosis(red.params, red.pending(), parent)
         if not diagnosis.stuck:
             return ""
         if self.config.control is None:

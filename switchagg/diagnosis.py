@@ -12,6 +12,10 @@ so before it raises it asks the switch about the oldest :data:`ASKED` of them. T
 * the embedded switch's control port tells a slot's copies outright: :meth:`Diagnosis.slots_request`
   is the request, :meth:`Diagnosis.from_slots` reads its reply.
 
+In a tree (``docs/protocol.md`` section 10) the worker asks its leaf, which may hold every worker's
+contribution and wait for its parent: the sentence then names the parent switch (``parent``), which a
+leaf waits on for the sums of the other leaves, and the missing workers by their ranks in the tree.
+
 Here are the questions and the sentence; the client sends, waits and reads (:data:`ASK_TRIES` rounds
 of :data:`ASK_WAIT` each, a QUERY or its answer may be lost as any packet), so this module owns no
 socket and reads no clock.
@@ -34,11 +38,13 @@ class Diagnosis:
     """The questions a stalled call asks the switch about its oldest stuck packets, and the answers' sentence.
 
     ``pending`` is the call's :meth:`~switchagg.protocol.Reduction.pending`: (chunk id, slot, copy) of
-    every packet still out, oldest first.
+    every packet still out, oldest first; ``parent`` names the parent switch of this worker's switch in a
+    tree (its address and the parent's job), None for a flat job.
     """
 
-    def __init__(self, params: StreamParams, pending: Sequence[tuple[int, int, int]]) -> None:
-        self.params = params
+    def __init__(self, params: StreamParams, pending: Sequence[tuple[int, int, int]],
+                 parent: str | None = None) -> None:
+        self.params, self.parent = params, parent
         self.stuck: dict[int, tuple[int, int]] = {chunk: (slot, copy) for chunk, slot, copy in pending[:ASKED]}
         self._bitmaps: dict[int, int] = {}  # chunk -> the workers its copy has counted, as the switch answered
 
@@ -73,13 +79,19 @@ class Diagnosis:
             return (f" The switch at {switch} answered none of {len(self.stuck)} QUERYs either: it is down, "
                     "this worker cannot reach it, or it no longer has this job (`switchagg status`).")
         everyone = (1 << self.params.n_workers) - 1
-        notes = []
+        notes: list[str] = []
+        up = [chunk for chunk in self.stuck if self.parent is not None and self._bitmaps.get(chunk) == everyone]
         for chunk in self.stuck:
             bitmap = self._bitmaps.get(chunk)
             if bitmap is None:
                 notes.append(f"chunk {chunk}: no answer")
             elif bitmap == 0:
                 notes.append(f"no worker's contribution of chunk {chunk} reached the switch")
+            elif chunk in up:
+                if chunk == up[0]:  # one note for them all: they wait alike
+                    notes.append(f"every worker's contribution of {_chunks(up)} reached the switch, whose sums go "
+                                 f"up to its parent switch {self.parent}: the parent (or another switch under it) "
+                                 f"holds them up, or the results do not reach this worker")
             elif bitmap == everyone:
                 notes.append(f"chunk {chunk} is summed, but its result does not reach this worker")
             else:
@@ -96,16 +108,35 @@ class Diagnosis:
         """What the control port's reply (its ``slots``: each slot's copies' tag and bitmap) shows, as a sentence."""
         if not self.stuck:
             return ""
-        notes = []
+        notes: list[str] = []
+        n = self.params.n_workers
+        held = {chunk: states[str(slot)][copy] for chunk, (slot, copy) in self.stuck.items()}
+        ours = [chunk for chunk, state in held.items()
+                if (state["generation"], state["chunk"]) == (self.params.generation, chunk)]
+        # the partial went up and awaits the parent's sum: section 10's AWAITING, one note for every such chunk
+        up = [chunk for chunk in ours if self.parent is not None and held[chunk]["count"] == n]
         for chunk, (slot, copy) in self.stuck.items():
-            state = states[str(slot)][copy]
-            if (state["generation"], state["chunk"]) == (self.params.generation, chunk):
-                notes.append(f"chunk {chunk} still waits for workers {self._missing(state['bitmap'])}")
+            state = held[chunk]
+            if chunk in ours:
+                if chunk in up:
+                    if chunk == up[0]:
+                        notes.append(f"{_chunks(up)} hold every worker's contribution here and wait for the sums "
+                                     f"of the parent switch {self.parent} (`switchagg status` there)")
+                elif state["count"] >= n:  # summed (in a tree: the parent's result held here), not reaching us
+                    notes.append(f"chunk {chunk} is summed, but its result does not reach this worker")
+                else:
+                    notes.append(f"chunk {chunk} still waits for workers {self._missing(state['bitmap'])}")
             else:
                 notes.append(f"chunk {chunk} never reached the switch (slot {slot} copy {copy} "
                              f"holds chunk {state['chunk']})")
         return " The switch says: " + "; ".join(notes) + "."
 
     def _missing(self, bitmap: int) -> list[int]:
-        """The ranks whose bit ``bitmap`` lacks."""
-        return [r for r in range(self.params.n_workers) if not bitmap >> r & 1]
+        """The ranks whose bit ``bitmap`` lacks (in a tree, the tree's ranks of this leaf's workers)."""
+        base = self.params.rank - self.params.worker
+        return [base + r for r in range(self.params.n_workers) if not bitmap >> r & 1]
+
+
+def _chunks(chunks: Sequence[int]) -> str:
+    """``chunk 8`` or ``chunks 8, 9, 10``: the chunks one note is about."""
+    return f"chunk {chunks[0]}" if len(chunks) == 1 else "chunks " + ", ".join(map(str, chunks))

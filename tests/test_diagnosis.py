@@ -8,6 +8,7 @@ import json
 import pytest
 
 from switchagg.diagnosis import ASKED, Diagnosis
+from switchagg.jobs import Uplink
 from switchagg.switch.model import SwitchModel
 from switchagg.wire import FLAG_COPY, HEADER_SIZE, Header, PacketType, make_header, unpack_header
 
@@ -103,9 +104,9 @@ def test_the_control_ports_slot_states_name_the_missing_workers_or_the_chunk_hel
     # as switch.control serves it: each slot's copies, through JSON
     reply = json.loads(json.dumps({"slots": {str(s): model.slot_state(JOB.job_id, s) for s in request["slots"]}}))
     assert diagnosis.from_slots(reply["slots"]) == (
-        " The switch says: chunk 10 still waits for workers [2]; chunk 11 still waits for workers []; "
-        "chunk 12 never reached the switch (slot 2 copy 0 holds chunk None); chunk 13 still waits for workers "
-        "[0, 2].")
+        " The switch says: chunk 10 still waits for workers [2]; chunk 11 is summed, but its result does not "
+        "reach this worker; chunk 12 never reached the switch (slot 2 copy 0 holds chunk None); chunk 13 still "
+        "waits for workers [0, 2].")
 
 
 def test_nothing_stuck_asks_nothing():
@@ -113,3 +114,28 @@ def test_nothing_stuck_asks_nothing():
     assert diagnosis.queries() == [] and diagnosis.answered
     assert diagnosis.from_answers("sw") == "" and diagnosis.from_slots({}) == ""
     assert diagnosis.slots_request()["slots"] == []
+
+
+def test_a_leaf_of_a_tree_names_its_parent_for_what_it_sent_up_and_missing_workers_by_their_tree_ranks():
+    """A leaf (ranks 4..6 of a tree) that sent chunks 11 and 12 up, every worker counted, waits for its parent:
+    one note says so, naming the parent; chunk 10 lacks the worker of tree rank 6."""
+    leaf = Job(n=3, slots=4, k=8, tree_size=9, rank_base=4, parent=Uplink(("10.9.0.1", 16711), 1, 1, 7))
+    sw = SwitchModel(16)
+    sw.add_job(leaf.entry())
+    for rank, chunk, slot in [(0, 10, 0), (1, 10, 0), *((r, 11, 1) for r in range(3)), *((r, 12, 2) for r in range(3))]:
+        head = make_header(PacketType.CONTRIB, job=leaf.job_id, worker=rank, slot=slot, chunk=chunk,
+                           generation=leaf.generation, key=leaf.key, count=leaf.k).pack()
+        sw.process(head + bytes(4 * leaf.k), leaf.address(rank))
+    parent = "at 10.9.0.1:16711 (job 1)"
+    diagnosis = Diagnosis(leaf.params(ME), STUCK[:3], parent)
+    reply = {str(s): sw.slot_state(leaf.job_id, s) for s in diagnosis.slots_request()["slots"]}
+    assert diagnosis.from_slots(reply) == (
+        " The switch says: chunk 10 still waits for workers [6]; chunks 11, 12 hold every worker's contribution "
+        "here and wait for the sums of the parent switch at 10.9.0.1:16711 (job 1) (`switchagg status` there).")
+    for query in diagnosis.queries():
+        for emit in sw.process(query, leaf.address(ME)):
+            diagnosis.receive(unpack_header(emit.payload()))
+    assert diagnosis.from_answers("sw") == (
+        " The switch answers: chunk 10 waits for workers [6]; every worker's contribution of chunks 11, 12 reached "
+        "the switch, whose sums go up to its parent switch at 10.9.0.1:16711 (job 1): the parent (or another "
+        "switch under it) holds them up, or the results do not reach this worker.")

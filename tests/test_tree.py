@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 
-from switchagg import Client, ConfigError, JobConfig, SoftSwitch
+from switchagg import Client, ConfigError, JobConfig, SoftSwitch, StallError
 from switchagg.__main__ import main
 from switchagg.config import ParentSpec, parse_toml
 from switchagg.loopback import free_ports
@@ -221,3 +221,34 @@ def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_pat
 def once(cfg, rank, x):
     with Client(cfg, rank) as c:
         return c.allreduce(x)
+
+
+@pytest.mark.parametrize("dead", ["spine", "leaf 1"])
+def test_a_dead_switch_of_a_tree_stops_every_rank_naming_what_it_waits_for(tmp_path, dead, capsys):
+    """After a call that works, a switch of the tree stops: every rank's next call raises within its stall
+    timeout, no rank gets a partial sum, and the ranks under a live leaf are told that their leaf holds every
+    contribution and waits for the spine."""
+    path = tmp_path / "tree.toml"
+    path.write_text(tree_file(per_leaf=2, leaves=2, k=64))
+    t = TreeConfig.from_file(path)
+    switches = [SoftSwitch(job.switch, control=job.control).start() for job in t.switch_jobs()]
+    clients = [Client(*t.worker(r), stall_timeout=1.0) for r in range(4)]
+    try:
+        assert main(["deploy", "--config", str(path)]) == 0
+        xs = inputs(4, 200, np.int32)
+        assert all(np.array_equal(o, sum(xs)) for o in run_ranks(4, lambda r: clients[r].allreduce(xs[r])))
+        switches[0 if dead == "spine" else 2].stop()
+        outs = [np.full(200, 7, np.int32) for _ in range(4)]
+        got = run_ranks(4, lambda r: clients[r].allreduce(xs[r], out=outs[r]))
+        assert all(isinstance(g, StallError) for g in got), got
+        assert all((o == 7).all() for o in outs)  # nothing was written: no partial handed out
+        live = [0, 1] if dead == "leaf 1" else [0, 1, 2, 3]
+        for r in live:
+            assert f"wait for the sums of the parent switch at {t.spine}" in str(got[r]), got[r]
+        if dead == "leaf 1":
+            assert all("control port did not answer" in str(got[r]) for r in (2, 3))
+    finally:
+        for c in clients:
+            c.close()
+        for sw in switches:
+            sw.stop()
