@@ -311,3 +311,21 @@ def hold(rank: int, world: int, port: int) -> None:
     _init(rank, world, {}, port)
     print(f"formed job {dist.group.WORLD.formed.config.job_id}", flush=True)
     threading.Event().wait()
+
+
+def tree_group(rank: int, queue: Any, world: int, env: list[dict[str, str]], port: int, n: int) -> None:
+    """A group whose ranks reach two leaf switches under a spine (SWITCHAGG_ROOT): its place in the tree, and an
+    int32 all_reduce and reduce_scatter of ``n`` values a rank through it."""
+    _init(rank, world, env, port)
+    pg = dist.group.WORLD
+    cfg = pg.formed.config
+    out: dict[str, Any] = {"switch": str(cfg.switch), "parent": str(cfg.parent.address) if cfg.parent else None,
+                           "rank": cfg.rank_of(pg.client.rank), "ranks": cfg.ranks}
+    x = _values(rank, n * world, torch.int32, 5)
+    y = x[:n].clone()
+    dist.all_reduce(y)
+    shard = torch.empty(n, dtype=torch.int32)
+    dist.reduce_scatter_tensor(shard, x)
+    out["all_reduce"], out["reduce_scatter"] = y.numpy(), shard.numpy()
+    dist.destroy_process_group()
+    queue.put((rank, "result", out))

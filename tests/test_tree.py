@@ -252,3 +252,73 @@ def test_a_dead_switch_of_a_tree_stops_every_rank_naming_what_it_waits_for(tmp_p
             c.close()
         for sw in switches:
             sw.stop()
+
+
+@pytest.fixture
+def torch_tree():
+    """A spine and two leaves, embedded switches with control ports, and each rank's SWITCHAGG_* variables:
+    ranks 0 and 1 reach leaf 0, ranks 2 and 3 leaf 1, and SWITCHAGG_ROOT names the spine."""
+    pytest.importorskip("torch")
+    controls = free_ports(3, socket.SOCK_STREAM)
+    switches = [SoftSwitch(("127.0.0.1", 0), control=("127.0.0.1", c)).start() for c in controls]
+    spine = {"SWITCHAGG_ROOT": f"127.0.0.1:{switches[0].address[1]}",
+             "SWITCHAGG_ROOT_CONTROL": f"127.0.0.1:{controls[0]}"}
+    env = [{**spine, "SWITCHAGG_SWITCH": f"127.0.0.1:{switches[1 + r // 2].address[1]}",
+            "SWITCHAGG_CONTROL": f"127.0.0.1:{controls[1 + r // 2]}"} for r in range(4)]
+    yield switches, env
+    for sw in switches:
+        sw.stop()
+        assert sw.error is None
+
+
+def test_a_torch_group_whose_ranks_reach_two_leaves_sums_through_a_tree_and_removes_every_level(torch_tree):
+    from tests import dist_worker
+    from tests.test_distributed import inputs, spawn
+
+    switches, env = torch_tree
+    out = spawn(dist_worker.tree_group, env, 1000, world=4)
+    leaves = [f"127.0.0.1:{sw.address[1]}" for sw in switches[1:]]
+    assert [o["switch"] for o in out] == [leaves[0], leaves[0], leaves[1], leaves[1]]
+    assert {o["parent"] for o in out} == {env[0]["SWITCHAGG_ROOT"]}
+    assert [(o["rank"], o["ranks"]) for o in out] == [(r, 4) for r in range(4)]
+    import torch
+
+    total = sum(x.numpy().astype(np.int64) for x in inputs(torch.int32, 4000, 5, 4))
+    for rank, o in enumerate(out):
+        assert np.array_equal(o["all_reduce"], total[:1000])
+        assert np.array_equal(o["reduce_scatter"], total[rank * 1000:(rank + 1) * 1000])
+    assert all(sw.jobs() == {} for sw in switches), "destroy_process_group removes the job from every level"
+
+
+def test_ddp_through_a_tree_trains_as_gloo_does(torch_tree):
+    from tests import dist_worker
+    from tests.test_distributed import spawn
+
+    switches, env = torch_tree
+    steps = 30
+    gloo = spawn(dist_worker.train, env, "gloo", "ddp", steps, world=4)
+    ours = spawn(dist_worker.train, env, "switchagg", "ddp", steps, world=4)
+    for rank in range(4):
+        assert np.allclose(ours[rank]["losses"], gloo[rank]["losses"], rtol=1e-4, atol=0)
+        assert ours[rank]["losses"][-1] < ours[rank]["losses"][0] / 2
+        assert ours[rank]["sent"] > steps * 4 * 5700, "the gradients went through the switches"
+    assert all(sw.jobs() == {} for sw in switches)
+
+
+def test_a_jobs_ranks_on_several_switches_need_a_root_and_consecutive_leaves():
+    pytest.importorskip("torch")
+    from switchagg.distributed import Options
+    from switchagg.distributed.rendezvous import _leaves
+
+    def ranks(*switches):
+        return [{"switch": s, "control": f"c{s}"} for s in switches]
+
+    flat = Options(switch="127.0.0.1:1")
+    assert _leaves(flat, ranks("a", "a", "a")) is None  # one switch: a flat job
+    with pytest.raises(ConfigError, match="reach 2 switches .* set SWITCHAGG_ROOT"):
+        _leaves(flat, ranks("a", "a", "b"))
+    rooted = Options(switch="127.0.0.1:1", root="127.0.0.1:9")
+    assert _leaves(rooted, ranks("a", "a", "b", "b", "c")) == [("a", "ca", [0, 1]), ("b", "cb", [2, 3]),
+                                                                 ("c", "cc", [4])]
+    with pytest.raises(ConfigError, match="at a are not consecutive"):
+        _leaves(rooted, ranks("a", "b", "a"))

@@ -38,6 +38,8 @@ ENV = {
     "all_gather": "SWITCHAGG_ALL_GATHER",
     "node": "SWITCHAGG_NODE",
     "lease": "SWITCHAGG_LEASE",
+    "root": "SWITCHAGG_ROOT",
+    "root_control": "SWITCHAGG_ROOT_CONTROL",
 }
 _INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port"}
 _FLOATS = {"start_timeout", "stall_timeout", "lease"}
@@ -65,6 +67,11 @@ class Options:
     rank 0 renews them while the group lives, so a program killed before it destroys its groups
     (SIGKILL, SIGTERM, no atexit) leaves its jobs on the switch for about that long, not for ever. A
     target that keeps no leases (the P4 ones) gets none: its jobs stay until removed.
+
+    ``root`` (with ``root_control``) is the spine of a tree (``docs/protocol.md`` section 10): where the
+    ranks of a job reach different switches (``switch`` set per node, each its rack's leaf), rank 0
+    deploys the job on every leaf and on the spine, which sums the leaves; one address, or one per rail.
+    The ranks under one leaf must be consecutive in the job (as torchrun numbers a node's ranks).
     """
 
     switch: str | None = None
@@ -84,6 +91,8 @@ class Options:
     all_gather: str = "delegate"
     node: str | None = None
     lease: float = 10.0
+    root: str | None = None
+    root_control: str | None = None
 
     def __post_init__(self) -> None:
         if self.switch is None and self.config is None:
@@ -96,6 +105,9 @@ class Options:
                 raise ConfigError(f"{ENV[name]} = {given!r}: give an address, or one per rail separated by commas")
         for address in _split(self.switch):
             Endpoint.parse(address, ENV["switch"])
+        for name in ("root", "root_control"):
+            for address in _split(getattr(self, name)):
+                Endpoint.parse(address, ENV[name])
         if self.control is not None and len(_split(self.control)) not in (1, len(_split(self.switch))):
             raise ConfigError(f"{ENV['control']} lists {len(_split(self.control))} addresses and {ENV['switch']} "
                               f"{len(_split(self.switch))}: give one control address, or one per switch")
@@ -134,8 +146,11 @@ class Options:
     def rail(self, rail: int) -> Options:
         """These options for rail ``rail``'s job: its own switch and control address where several are listed."""
         switches, controls = _split(self.switch), _split(self.control)
+        roots, root_controls = _split(self.root), _split(self.root_control)
         return replace(self, switch=switches[rail % len(switches)] if switches else None,
-                       control=controls[rail % len(controls)] if controls else None)
+                       control=controls[rail % len(controls)] if controls else None,
+                       root=roots[rail % len(roots)] if roots else None,
+                       root_control=root_controls[rail % len(root_controls)] if root_controls else None)
 
     @property
     def slots(self) -> int:

@@ -36,6 +36,7 @@ from ..errors import ConfigError, JobNotStarted, NoRoom, SwitchAggError
 from ..jobs import MIN_SHARED_SLOTS, fit_jobs
 from ..targets import Target, TargetOptions, open_target
 from ..targets.base import UnsupportedOperation
+from ..tree import LeafSpec, TreeConfig
 from .topology import Layout, node_identity
 
 _ROOT = "switchagg"
@@ -113,7 +114,10 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
             reservation, worker = _bind(options.rail(job))
     except (SwitchAggError, OSError) as exc:
         problem = str(exc)
-    store.set(f"{prefix}worker/{rank}", json.dumps({"error": problem} if problem else _worker_json(worker)))
+    mine = options.rail(job)  # the switch this rank reaches: its leaf, where a job's ranks reach several
+    store.set(f"{prefix}worker/{rank}", json.dumps({"error": problem} if problem else
+                                                   {**_worker_json(worker), "switch": mine.switch,
+                                                    "control": mine.control}))
     deployed: list[tuple[Target, int]] = []
     renewal = None
     if rank == 0:
@@ -130,7 +134,11 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
         warnings.warn(f"switchagg: this process group of {size} ranks sums through its fallback backend, not the "
                       f"switch: {reply['fallback']}", stacklevel=2)
         return Formed(layout, None, None, [], prefix, reply["fallback"])
-    config = JobConfig.from_dict(tomllib.loads(reply["jobs"][job]))
+    entry = reply["jobs"][job]
+    if isinstance(entry, dict):  # a tree: this rank's leaf's job, and its index there
+        leaf, worker_index = entry["place"][str(rank)]
+        entry = entry["leaves"][leaf]
+    config = JobConfig.from_dict(tomllib.loads(entry))
     client = None
     try:
         if reservation is not None:
@@ -262,13 +270,131 @@ def _deploy(store: dist.Store, prefix: str, layout: Layout, options: Any, file_c
             return [(target, config.job_id)], json.dumps({"jobs": [config.to_toml()]})
         rails = [options.rail(j) for j in range(len(layout.jobs))]
         jobs = [_job(rails[j], [workers[r] for r in members]) for j, members in enumerate(layout.jobs)]
-        deployed = _place_and_install(rails, jobs)
+        leaves = [_leaves(rails[j], [workers[r] for r in members]) for j, members in enumerate(layout.jobs)]
+        flat = [j for j in range(len(jobs)) if leaves[j] is None]
+        placed = dict(zip(flat, _place_and_install([rails[j] for j in flat], [jobs[j] for j in flat]), strict=True))
+        deployed = [(t, c.job_id) for t, c in placed.values()]
+        entries: dict[int, Any] = {j: c.to_toml() for j, (_, c) in placed.items()}
+        try:
+            for j in (j for j in range(len(jobs)) if leaves[j] is not None):
+                levels, entries[j] = _install_tree(rails[j], jobs[j], leaves[j], layout.jobs[j])
+                deployed += levels
+        except BaseException:
+            _undeploy_quietly(deployed)
+            raise
     except NoRoom as exc:
         return [], json.dumps({"fallback": str(exc)})
     except (SwitchAggError, OSError) as exc:
         where = f"the {options.target} switch" if len(layout.jobs) == 1 else f"the {options.target} switches"
         return [], json.dumps({"error": f"rank 0 could not deploy the job on {where}: {exc}"})
-    return [(t, c.job_id) for t, c in deployed], json.dumps({"jobs": [c.to_toml() for _, c in deployed]})
+    return deployed, json.dumps({"jobs": [entries[j] for j in range(len(jobs))]})
+
+
+def _leaves(options: Any, workers: list[dict[str, Any]]) -> list[tuple[str, str | None, list[int]]] | None:
+    """Where a job's workers reach different switches (each rank's ``SWITCHAGG_SWITCH``): each switch, its control
+    and the indices of its workers, in order: the leaves of a tree under ``options.root``. None where they all
+    reach one switch (a flat job). Raises where no root is given, or a leaf's workers are not consecutive."""
+    leaves: list[tuple[str, str | None, list[int]]] = []
+    for i, w in enumerate(workers):
+        if leaves and leaves[-1][0] == w["switch"]:
+            leaves[-1][2].append(i)
+        elif any(leaf[0] == w["switch"] for leaf in leaves):
+            raise ConfigError(f"the ranks that reach the switch at {w['switch']} are not consecutive in the job: a "
+                              "tree's leaves hold consecutive ranks (give each node's ranks consecutive numbers, "
+                              "as torchrun does, and put each rack's nodes next to each other)")
+        else:
+            leaves.append((w["switch"], w["control"], [i]))
+    if len(leaves) == 1:
+        return None
+    if options.root is None:
+        raise ConfigError(f"this job's ranks reach {len(leaves)} switches ({', '.join(leaf[0] for leaf in leaves)}): "
+                          "set SWITCHAGG_ROOT (and SWITCHAGG_ROOT_CONTROL) to the spine switch that sums them, or "
+                          "give every rank the same SWITCHAGG_SWITCH")
+    return leaves
+
+
+def _install_tree(options: Any, job: JobConfig, leaves: list[tuple[str, str | None, list[int]]],
+                  members: tuple[int, ...]) -> tuple[list[tuple[Target, int]], dict[str, Any]]:
+    """Deploy ``job`` as a tree: the spine at ``options.root``, a leaf at each of ``leaves``, one job id and
+    slot range free on all of them, every level under the spine's generation. Returns each level's target and
+    job id, and what every rank of ``members`` needs: each leaf's job, and which leaf and index is whose."""
+    spec = TreeConfig(job.job_id, job.key, 0, job.slot_count, job.values_per_packet,
+                      Endpoint.parse(options.root, "SWITCHAGG_ROOT"),
+                      Endpoint.parse(options.root_control, "SWITCHAGG_ROOT_CONTROL") if options.root_control else None,
+                      tuple(LeafSpec(Endpoint.parse(switch, "SWITCHAGG_SWITCH"),
+                                     Endpoint.parse(control, "SWITCHAGG_CONTROL") if control else None,
+                                     tuple(job.workers[i].address for i in indices))
+                            for switch, control, indices in leaves), job.loss_recovery)
+    for _ in range(_PICK_TRIES):
+        keyed = replace(spec, key=secrets.randbits(32))
+        place = _free_on_every_level([_level(options, c) for c in keyed.switch_jobs()], options, job.slot_count)
+        tree = replace(keyed, **place)
+        done: list[tuple[Target, int]] = []
+        try:
+            generation = None
+            for config in tree.switch_jobs():  # the spine first; each leaf under the generation it drew
+                config = config.with_generation(generation)
+                target = _level(options, config)
+                drawn = _deploy_leased(target, config, options)
+                generation = generation or drawn
+                done.append((target, config.job_id))
+        except ConfigError as exc:
+            _undeploy_quietly(done)
+            if options.job_id is None and ("already installed" in str(exc) or "overlap" in str(exc)):
+                continue  # another group took the place between our look and our deploy: look again
+            raise
+        except BaseException:
+            _undeploy_quietly(done)
+            raise
+        place_of = {str(members[i]): [leaf, local] for leaf, (_, _, indices) in enumerate(leaves)
+                    for local, i in enumerate(indices)}
+        return done, {"leaves": [c.to_toml() for c in tree.switch_jobs(generation)[1:]], "place": place_of}
+    raise SwitchAggError(f"the switches' jobs kept changing while rank 0 looked for a place free on every level of "
+                         f"the tree ({_PICK_TRIES} tries): set SWITCHAGG_JOB and SWITCHAGG_SLOT_BASE")
+
+
+def _level(options: Any, config: JobConfig) -> Target:
+    """The target of one level of a tree: the switch ``config`` names, through its own control address."""
+    return _open(replace(options, control=None if config.control is None else str(config.control)), config)
+
+
+def _free_on_every_level(targets: list[Target], options: Any, wanted: int) -> dict[str, int]:
+    """A job id and slot range free on every one of ``targets`` (a tree's levels hold the job at the same slots),
+    or those the options give: :func:`_free_places` over the union of what the levels hold."""
+    if options.job_id is not None and options.slot_base is not None:
+        return {"job_id": options.job_id, "slot_base": options.slot_base}
+    installed: dict[int, tuple[int, int]] = {}
+    ids: set[int] = set()
+    pools = []
+    try:
+        for target in targets:
+            jobs = target.jobs()
+            num_slots, max_jobs = target.capacity()
+            if max_jobs is not None and len(jobs) >= max_jobs:
+                raise NoRoom(f"a switch of the tree runs {len(jobs)} jobs, all its table holds: undeploy one there")
+            ids |= set(jobs)
+            installed |= {len(installed) + i: place for i, place in enumerate(jobs.values())}
+            pools.append(num_slots)
+    except UnsupportedOperation as exc:
+        raise ConfigError(f"{exc}: give the job's place yourself with SWITCHAGG_JOB and SWITCHAGG_SLOT_BASE") from None
+    job_id = options.job_id
+    while job_id is None or job_id in ids:
+        job_id = 1 + secrets.randbelow(0xFFFF)
+    if options.slot_base is not None:
+        return {"job_id": job_id, "slot_base": options.slot_base}
+    fit = fit_jobs(installed, min(pools), 1, wanted, None, shrink=options.slot_count is None)
+    if fit is None:
+        raise NoRoom(f"no slot range of {wanted} (or, shared, of {MIN_SHARED_SLOTS}) is free on every switch of the "
+                     "tree: remove jobs nobody uses there (`switchagg status`)")
+    size, (base,) = fit
+    return {"job_id": job_id, "slot_base": base, "slot_count": size}
+
+
+def _undeploy_quietly(deployed: list[tuple[Target, int]]) -> None:
+    """Remove what a failed deploy installed; the failure itself says what went wrong."""
+    for target, job_id in deployed:
+        with suppress(SwitchAggError, OSError):
+            target.undeploy(job_id)
 
 
 def _job(options: Any, workers: list[dict[str, Any]]) -> JobConfig:
@@ -289,16 +415,15 @@ def _install(options: Any, config: JobConfig) -> tuple[Target, JobConfig]:
     return target, config
 
 
-def _deploy_leased(target: Target, config: JobConfig, options: Any) -> None:
+def _deploy_leased(target: Target, config: JobConfig, options: Any) -> int:
     """Deploy ``config`` with the options' lease, or without one where the target keeps none (the P4 targets:
-    the job then stays until the group removes it, as it did before leases)."""
+    the job then stays until the group removes it, as it did before leases); returns its generation."""
     if not options.lease:
-        target.deploy(config)
-        return
+        return target.deploy(config)
     try:
-        target.deploy(config, lease=options.lease)
+        return target.deploy(config, lease=options.lease)
     except UnsupportedOperation:  # refused before the target changed anything
-        target.deploy(config)
+        return target.deploy(config)
 
 
 def _open(options: Any, config: JobConfig) -> Target:
