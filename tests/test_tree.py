@@ -322,3 +322,25 @@ def test_a_jobs_ranks_on_several_switches_need_a_root_and_consecutive_leaves():
                                                                  ("c", "cc", [4])]
     with pytest.raises(ConfigError, match="at a are not consecutive"):
         _leaves(rooted, ranks("a", "b", "a"))
+
+
+def test_each_rail_of_nodes_under_two_leaves_is_a_tree_of_its_own(torch_tree):
+    """Four nodes of two ranks, nodes 0 and 1 under leaf 0 and nodes 2 and 3 under leaf 1: each node reduces
+    locally, and each rail's job (local rank r of every node) is a tree over both leaves."""
+    from tests import dist_worker
+    from tests.test_distributed import inputs, spawn
+
+    switches, env = torch_tree
+    world = 8
+    ranks = [{**env[0 if r < 4 else 2], "SWITCHAGG_NODE": f"node{r // 2}"} for r in range(world)]
+    out = spawn(dist_worker.tree_group, ranks, 1000, world=world)
+    assert [o["ranks"] for o in out] == [4] * world, "a rail's job counts nodes"
+    assert [o["rank"] for o in out] == [r // 2 for r in range(world)], "a node's place in its rail's tree"
+    assert {o["parent"] for o in out} == {env[0]["SWITCHAGG_ROOT"]}
+    import torch
+
+    total = sum(x.numpy().astype(np.int64) for x in inputs(torch.int32, 1000 * world, 5, world))
+    for rank, o in enumerate(out):
+        assert np.array_equal(o["all_reduce"], total[:1000])
+        assert np.array_equal(o["reduce_scatter"], total[rank * 1000:(rank + 1) * 1000])
+    assert all(sw.jobs() == {} for sw in switches)
