@@ -279,6 +279,10 @@ static int serve_copy(Switch *sw, Job *job, unsigned long long *counters, Py_ssi
     }
     Py_ssize_t body = -1;
     if (job->has_parent && sw->count[i] == n) {  /* the partial up, as one contribution of the parent's job */
+        if (repeat && worker != 0) {  /* while it is awaited, child 0's repeat alone sends it again */
+            counters[DUPLICATE_PENDING]++;
+            return 0;
+        }
         counters[repeat ? PARTIALS_RESENT : CONTRIBUTIONS]++;
         if (!repeat)
             counters[PARTIALS_UP]++;

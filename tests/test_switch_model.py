@@ -674,13 +674,15 @@ def test_the_parents_result_is_stored_and_sent_down_to_every_child(leaf):
     assert jc(leaf)["results_unicast"] == 1
 
 
-def test_a_repeat_while_the_parents_sum_is_awaited_sends_the_partial_up_again(leaf):
+def test_child_zeros_repeat_while_the_parents_sum_is_awaited_sends_the_partial_up_again(leaf):
     for w in range(3):
         leaf.process(pkt(w, 5, [w + 1] * K, exp=w), src(w))
     (up,) = leaf.process(pkt(0, 5, [99] * K, exp=40), src(0))  # a repeat's values and exponent change nothing
     h, values = decode(up)
     assert up.dst == PARENT.address and h.type == PacketType.CONTRIB and values.tolist() == [6] * K and h.exponent == 2
     assert jc(leaf)["partials_resent"] == 1 and jc(leaf)["partials_up"] == 1 and jc(leaf)["contributions"] == 3
+    # child 0's repeat alone sends it again: one loss anywhere in a tree must not send it up once per child
+    assert leaf.process(pkt(2, 5, [3] * K, exp=2), src(2)) == [] and jc(leaf)["duplicate_pending"] == 1
     assert pending(leaf.process(query(2, 5), src(2)))[1] == 0b111  # every child counted: a QUERY's resend goes up
 
 

@@ -274,8 +274,12 @@ class SwitchModel:
             return []
         if job.parent is not None and count == job.n_workers:
             # A partial sum goes up as one contribution of the parent's job, with the children's largest
-            # exponent; a repeat while it is awaited sends it again (the parent drops a copy it counted,
-            # and answers one it finished with its stored result).
+            # exponent. While it is awaited, child 0's repeat sends it again (the parent drops a copy it
+            # counted, and answers one it finished with its stored result): one child's, not every child's,
+            # or each loss anywhere in the tree would send a switch's partial up once per child.
+            if repeat and h.worker != 0:
+                counters[JobCounter.DUPLICATE_PENDING] += 1
+                return []
             counters[JobCounter.PARTIALS_RESENT if repeat else JobCounter.CONTRIBUTIONS] += 1
             if not repeat:
                 counters[JobCounter.PARTIALS_UP] += 1
