@@ -26,7 +26,7 @@ from .test_link_bench import _shows_quotient
     ("0x4", "--tree 0x4: a switch has 1..32 children; give 1..32 leaves and 1..32 workers a leaf"),
     ("1x33", "--tree 1x33: a switch has 1..32 children"),
     ("5x8", "--tree 5x8: 40 ranks, but a call's first packet carries two values per rank, so K = 64 holds at most "
-            "32: give at most 32 leaves x workers"),
+            "32 today: give at most 32 leaves x workers"),
 ])
 def test_a_shape_the_bench_cannot_build_says_what_to_write(shape, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -99,7 +99,8 @@ def test_the_bench_runs_a_tree_a_flat_job_and_gloo_under_loss_on_every_hop_and_l
         assert exact == "yes", out
         lossy = rate > 0  # at 0% the rules run and drop nothing
         assert (int(tree_dropped) > 0, int(flat_dropped) > 0) == (lossy, lossy), out
-        assert (int(tree_resent) > 0 and int(flat_resent) > 0) == lossy, out
+        # a busy machine's late replies are resent at 0% too (the bench's 2x4 tree: thousands on two cores)
+        assert not lossy or (int(tree_resent) > 0 and int(flat_resent) > 0), out
     assert rows[0.0][2] == rows[5.0][2]  # gloo's one run, in every row
     assert re.search(r"^tree_over_flat=2x2-0pct:[\d.]+ 2x2-5pct:[\d.]+$", out, re.M), out
     assert re.search(r"^gloo_over_tree=2x2-0pct:[\d.]+ 2x2-5pct:[\d.]+$", out, re.M), out
