@@ -225,6 +225,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 _THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo", "switch_cores", "switch_steer")
 _LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery", "loss_runs")
 _LINK_FLAGS = ("link_loss", "link_burst")
+_TREE_FLAGS = ("tree_loss",)
 
 
 def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
@@ -239,7 +240,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.link_rate:
         from .benchmarks.links import run_link_bench
 
-        _refuse(args, ("nodes", "slots", "no_gloo", "switch_cores", "switch_steer", *_LOSS_FLAGS), " --link-rate")
+        _refuse(args, ("nodes", "slots", "no_gloo", "switch_cores", "switch_steer", *_LOSS_FLAGS, *_TREE_FLAGS),
+                " --link-rate")
         return run_link_bench(rates=args.link_rate, worker_counts=args.workers or (4, 8),
                               ks=args.values_per_packet or (64, 256), mib=args.mib if args.mib is not None else 32,
                               reps=args.reps if args.reps is not None else 3, rounds=rounds, loss=args.link_loss,
@@ -247,17 +249,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.loss:
         from .benchmarks.loss import RATES, run_loss_bench
 
-        _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS, *_LINK_FLAGS), " --loss")
+        _refuse(args, ("workers", "nodes", *_THROUGHPUT_FLAGS, *_LINK_FLAGS, *_TREE_FLAGS), " --loss")
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
                               runs=tuple(int(r) if r.isdigit() else r for r in args.loss_runs or ["1"]), plot=args.plot)
+    if args.tree:
+        from .benchmarks.trees import RATES as TREE_RATES
+        from .benchmarks.trees import REPS, run_tree_bench
+
+        _refuse(args, ("workers", "nodes", "rounds", "plot", *(f for f in _THROUGHPUT_FLAGS if f != "reps"),
+                       *_LOSS_FLAGS, *_LINK_FLAGS), " --tree")
+        return run_tree_bench(shape=args.tree, rates=tuple(args.tree_loss or TREE_RATES),
+                              reps=args.reps if args.reps is not None else REPS)
     workers = _one_count(args.workers)
     if args.ddp or args.fsdp:
         from .benchmarks.training import run_training_bench
 
         mode = "ddp" if args.ddp else "fsdp"
         _refuse(args, (*(f for f in _THROUGHPUT_FLAGS if f != "values_per_packet"), *_LOSS_FLAGS, *_LINK_FLAGS,
-                       "rounds", "plot"),
+                       *_TREE_FLAGS, "rounds", "plot"),
                 f" --{mode}")
         ks = args.values_per_packet or [64]
         if len(ks) != 1:
@@ -265,7 +275,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return run_training_bench(mode, workers=workers, values_per_packet=ks[0], nodes=args.nodes or 1)
     from .benchmarks.throughput import run_bench
 
-    _refuse(args, (*_LOSS_FLAGS, *_LINK_FLAGS, "nodes"), " (throughput)")
+    _refuse(args, (*_LOSS_FLAGS, *_LINK_FLAGS, *_TREE_FLAGS, "nodes"), " (throughput)")
     from .switch.native import MAX_SHARDS
 
     switch_cores = args.switch_cores if args.switch_cores is not None else 1
@@ -403,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="instead: gloo against switchagg on namespace links shaped to each rate (Mbit/s, tbf on "
                            "both ends of every worker's link), the ratio next to its bound, 2(N-1)/N over the wire's "
                            "bytes per value byte (root: namespaces and tc)")
+    mode.add_argument("--tree", metavar="LEAVESxWORKERS",
+                      help="instead: a tree of switches (a spine over LEAVES leaves of WORKERS workers each) against "
+                           "the same ranks on one switch and against gloo, under 0, 1 and 5%% real loss on every hop "
+                           "(root: namespaces and nftables; at most 32 ranks)")
     p.add_argument("--workers", type=int, nargs="+",
                    help="worker processes (default 4; --link-rate takes several counts, default 4 8; --loss takes "
                         "--loss-workers)")
@@ -411,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "compare with the same ranks as one flat job and with gloo")
     p.add_argument("--mib", type=float, help="tensor size in MiB of float32 (default 64; --link-rate 32)")
     p.add_argument("--reps", type=int,
-                   help="timed repetitions after a warm-up, median reported (default 5; --link-rate 3)")
+                   help="timed repetitions after a warm-up, median reported (default 5; --link-rate 3; --tree: "
+                        "3 float32 and int32 calls each, their mean reported)")
     p.add_argument("--values-per-packet", type=int, nargs="+",
                    help="K, one or more (default 64 16000; --link-rate 64 256, at most 362: the links' MTU): 64 is "
                         "the P4 switch's packet, 16000 a 64 KB datagram (loopback only)")
@@ -444,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run lengths --loss compares (default 1): 1 drops each packet on its own, N runs of N "
                         "packets in a row at the same rate, gso whole GSO super-packets (links with the kernel's "
                         "default offloads)")
+    p.add_argument("--tree-loss", type=float, nargs="+", metavar="PCT",
+                   help="loss rates of --tree, percent per hop (default 0 1 5)")
     p.set_defaults(fn=_cmd_bench)
     return parser
 

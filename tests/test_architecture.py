@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "switchagg"
 # The layers, lowest first: a module may import from its own layer's lower modules and from layers below.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("wire", "errors", "transport", "scheduling", "netns"),  # the format, the errors, the sockets, the I/O
-    # thread's policy, network namespaces (the loss and link benches' and the BMv2 bed's)
+    # thread's policy, network namespaces (the loss, link and tree benches' and the BMv2 bed's)
     ("codec", "calls", "session", "window", "protocol", "diagnosis", "config", "tree", "jobs", "frames",
      "scapy_layer", "torch_payloads", "payloads"),  # sans-I/O core
     ("switch.records", "switch.model", "switch.native", "switch.control", "switch.control_client",
@@ -25,8 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "distributed.rendezvous", "distributed.hierarchy",
      "distributed.group", "distributed.fsdp", "distributed"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
-     "benchmarks.loss", "benchmarks.links", "benchmarks.throughput", "benchmarks.training", "", "__main__",
-     "switch"),  # programs
+     "benchmarks.loss", "benchmarks.links", "benchmarks.trees", "benchmarks.throughput", "benchmarks.training", "",
+     "__main__", "switch"),  # programs
 )
 
 

@@ -229,6 +229,10 @@ def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_pat
     (["bench", "--ddp", "--workers", "2", "3"], "--workers 2 3: only `switchagg bench --link-rate` takes several"),
     (["bench", "--link-rate", "500", "--values-per-packet", "400"], "--values-per-packet 400: the bed's links carry"),
     (["bench", "--link-rate", "500", "--link-burst", "3"], "--link-burst 3: give a run of 1 or more packets, with"),
+    (["bench", "--tree", "2x4", "--rounds", "2", "--mib", "1"], "--rounds, --mib: `switchagg bench --tree` does not"),
+    (["bench", "--loss", "--tree-loss", "1"], "--tree-loss: `switchagg bench --loss` does not use it"),
+    (["bench", "--tree", "5x8"], "--tree 5x8: 40 ranks, but a call's first packet carries two values per rank"),
+    (["bench", "--tree", "2x4", "--tree-loss", "120"], "--tree-loss 120: a loss rate is a percentage from 0 to 99.9"),
 ])
 def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, message):
     path = make_job(2, k=64).write(tmp_path / "job.toml")
@@ -240,7 +244,7 @@ def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, mess
 
 
 def test_bench_takes_one_mode():
-    for modes in (["--loss", "--ddp"], ["--loss", "--link-rate", "500"]):
+    for modes in (["--loss", "--ddp"], ["--loss", "--link-rate", "500"], ["--tree", "2x4", "--loss"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["bench", *modes])
 

@@ -230,19 +230,21 @@ def _teardown(prefix: str) -> None:
         netns.delete_namespace(ns)
 
 
-def _own_prefix() -> str:
-    """This process's beds' prefix, after removing the beds of benches that died without removing theirs.
+def _own_prefix(base: str = PREFIX) -> str:
+    """This process's beds' prefix (``base`` and its process id), after removing the beds under ``base`` of
+    benches that died without removing theirs.
 
     A prefix of its own, so that two benches on one machine (or a bench and the tests' run of it)
-    do not take each other's namespaces down mid-run, as one fixed prefix did.
+    do not take each other's namespaces down mid-run, as one fixed prefix did. The tree bench
+    (:mod:`switchagg.benchmarks.trees`) names its beds the same way under a base of its own.
     """
     from .. import netns
 
-    for ns in netns.namespaces(PREFIX):
-        pid = ns[len(PREFIX):].partition("-")[0]
+    for ns in netns.namespaces(base):
+        pid = ns[len(base):].partition("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             netns.delete_namespace(ns)
-    return f"{PREFIX}{os.getpid()}"
+    return f"{base}{os.getpid()}"
 
 
 class Bed:
