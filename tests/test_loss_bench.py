@@ -193,13 +193,13 @@ def test_the_loss_bench_reports_each_bed_with_its_run_length(capsys):
 def test_a_bench_takes_down_the_beds_of_dead_benches_only():
     need("netns", missing())
     from switchagg import netns
-    from switchagg.benchmarks.loss import PREFIX, _own_prefix
+    from switchagg.benchmarks.loss import PREFIX, own_prefix
 
     dead, alive = f"{PREFIX}{2**22 + 1}-sw", f"{PREFIX}1-sw"  # above any pid_max; init's, which lives
     for ns in (dead, alive):
         netns.add_namespace(ns)
     try:
-        assert _own_prefix() == f"{PREFIX}{os.getpid()}"
+        assert own_prefix() == f"{PREFIX}{os.getpid()}"
         assert netns.namespaces(f"{PREFIX}{2**22 + 1}-") == [] and netns.namespaces(alive) == [alive]
     finally:
         for ns in (dead, alive):

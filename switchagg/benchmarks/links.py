@@ -462,7 +462,7 @@ def _row(n: int, k: int, mbit: float, nbytes: int, gloo: list[Run], ours: list[R
 
 
 @contextmanager
-def _stopped_by_sigterm() -> Iterator[None]:
+def stopped_by_sigterm() -> Iterator[None]:
     """SIGTERM ends the bench as Ctrl-C does, through its ``finally`` (which removes the namespaces)."""
     def stop(*_: Any) -> None:
         raise KeyboardInterrupt
@@ -514,7 +514,7 @@ def run_link_bench(*, rates: Sequence[float], worker_counts: Sequence[int] = (4,
           f"burst {burst_} B, limit {limit} B), {rounds} round(s) of gloo and switchagg at K="
           f"{', '.join(map(str, ks))} back to back, each a warm-up + {reps} calls (median){impaired}", flush=True)
     rows: list[Row] = []
-    with _stopped_by_sigterm():
+    with stopped_by_sigterm():
         try:
             for n in worker_counts:
                 rows += _bench_workers(n, rates, ks, numel, reps, rounds, loss, burst)

@@ -223,14 +223,16 @@ def _worker(config: str, rank: int, out: str) -> None:
     np.savez(out, **results)
 
 
-def _teardown(prefix: str) -> None:
+def teardown(prefix: str) -> None:
+    """Remove the namespaces of the bed ``prefix`` names (``prefix-...``): the dash keeps a bench of pid 123
+    from taking those of a live bench of pid 1234."""
     from .. import netns
 
-    for ns in netns.namespaces(prefix):
+    for ns in netns.namespaces(f"{prefix}-"):
         netns.delete_namespace(ns)
 
 
-def _own_prefix(base: str = PREFIX) -> str:
+def own_prefix(base: str = PREFIX) -> str:
     """This process's beds' prefix (``base`` and its process id), after removing the beds under ``base`` of
     benches that died without removing theirs.
 
@@ -260,7 +262,7 @@ class Bed:
         from .. import netns
 
         self.n, self.offloads, self.prefix = n, offloads, prefix
-        _teardown(prefix)
+        teardown(prefix)
         sw = self.ns(None)
         netns.add_namespace(sw)
         netns.sh("ip", "link", "add", "br0", "type", "bridge", ns=sw)
@@ -315,7 +317,7 @@ class Bed:
         return packets, nbytes
 
     def close(self) -> None:
-        _teardown(self.prefix)
+        teardown(self.prefix)
 
 
 def _run(bed: Bed, cfg: JobConfig, workdir: Path) -> tuple[list[dict[str, np.ndarray]], float]:
@@ -422,7 +424,7 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
           f"(contribution and result) in runs of {' '.join(map(str, runs))}, {DUP}% duplication at "
           f"{max(rates):g}%, {rounds} round(s)")
     table: dict[tuple[int, str, Runs], list[Row]] = {}
-    prefix, bed = _own_prefix(), None
+    prefix, bed = own_prefix(), None
     try:
         for n in worker_counts:
             runs_of: dict[tuple[str, Runs, float], list[_Run]] = {}
@@ -463,7 +465,7 @@ def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[floa
                                                      failed.get((recovery, length, rate), 0))
                                                 for rate in dict.fromkeys(rates)]
     finally:
-        _teardown(prefix)
+        teardown(prefix)
     print(tables(table, rounds))
     if plot:
         _plot(plot, table)

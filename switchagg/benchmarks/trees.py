@@ -71,8 +71,8 @@ from ..jobs import new_generation
 from ..loopback import spawn_switch
 from ..tree import LeafSpec, TreeConfig
 from ..wire import MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
-from .links import _stopped_by_sigterm
-from .loss import _own_prefix, _teardown, digest, drop_match
+from .links import stopped_by_sigterm
+from .loss import digest, drop_match, own_prefix, teardown
 
 PREFIX = "stb"  # a bench's namespaces: stb<its process id>-spine, -l<leaf>, -w<rank>
 TABLE = "satb"  # the nftables table of the drop rules, in every namespace
@@ -137,11 +137,11 @@ def int_sums(ranks: int, reps: int, values: int) -> tuple[np.ndarray, ...]:
 
 class Bed:
     """The spine's, the leaves' and the workers' namespaces, linked and routed: built here, removed by
-    :func:`switchagg.benchmarks.loss._teardown` of ``prefix``."""
+    :func:`switchagg.benchmarks.loss.teardown` of ``prefix``."""
 
     def __init__(self, leaves: int, per_leaf: int, prefix: str) -> None:
         self.leaves, self.per_leaf, self.prefix = leaves, per_leaf, prefix
-        _teardown(f"{prefix}-")
+        teardown(prefix)
         self._router(self.spine, f"{SPINE_IP}/24")
         for leaf in range(leaves):
             self._leaf(leaf)
@@ -533,12 +533,12 @@ def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = 
     # a worker's gloo on its bed link; OpenBLAS on one thread, as every rank shares the machine's cores
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OPENBLAS_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME="eth0")
-    prefix, rows = _own_prefix(PREFIX), []
-    with _stopped_by_sigterm():
+    prefix, rows = own_prefix(PREFIX), []
+    with stopped_by_sigterm():
         try:
             rows = _bench(_build(leaves, per_leaf, prefix), rates, common, env)
         finally:
-            _teardown(f"{prefix}-")
+            teardown(prefix)
     print(table(rows, f"{leaves}x{per_leaf}"))
     return 1 if any(row.wrong() for row in rows) else 0
 
