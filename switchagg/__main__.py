@@ -17,9 +17,13 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import LOSS_RECOVERY, Endpoint, JobConfig
 from .errors import ConfigError, SwitchAggError
+
+if TYPE_CHECKING:
+    from .jobs import JobStatus
 
 DEFAULT_TARGET = "soft"  # what every control-plane subcommand talks to unless --target says otherwise
 
@@ -97,12 +101,30 @@ def _target(args: argparse.Namespace, config: JobConfig | None = None):
                                                   pipeline=getattr(args, "pipeline", None)))
 
 
+def _levels(args: argparse.Namespace) -> list[JobConfig]:
+    """The job file's job, or every switch's job of a tree file (the spine's first)."""
+    from .tree import TreeConfig, load
+
+    cfg = load(args.config)
+    _no_address_for_a_tree(args, cfg)
+    return cfg.switch_jobs() if isinstance(cfg, TreeConfig) else [cfg]
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_file(args.config)
-    status = _target(args, cfg).status(cfg.job_id)
+    levels = _levels(args)
+    statuses = [_target(args, cfg).status(cfg.job_id) for cfg in levels]
     if args.json:
-        print(json.dumps(status.to_json(), indent=2))
+        out = [status.to_json() for status in statuses]
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=2))
         return 0
+    for cfg, status in zip(levels, statuses, strict=True):
+        if len(levels) > 1:
+            print(f"{'spine' if cfg.parent is None else f'leaf {cfg.parent.index}'} of the tree:")
+        _print_status(cfg, status)
+    return 0
+
+
+def _print_status(cfg: JobConfig, status: JobStatus) -> None:
     transport = f", transport {status.transport}" if status.transport else ""
     print(f"switch {cfg.switch} ({status.target}{transport})")
     if not status.installed:
@@ -128,7 +150,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
             owner = f", owner {job['owner']}" if job["owner"] else ""
             print(f"  job {job_id}: slots {job['slot_base']}..{job['slot_base'] + job['slot_count'] - 1}, "
                   f"{job['n_workers']} workers, lease {_lease(job['lease'])}{owner}")
-    return 0
 
 
 def _lease(left: float | None) -> str:
@@ -137,7 +158,12 @@ def _lease(left: float | None) -> str:
 
 
 def _cmd_reset(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_file(args.config)
+    levels = _levels(args)
+    if len(levels) > 1:
+        raise ConfigError("reset of a tree: its levels must share one generation, which a reset of each would "
+                          "not keep; undeploy the tree and deploy it again (a new run needs neither: its workers "
+                          "agree on a session of their own)")
+    cfg = levels[0]
     gen = _target(args, cfg).reset(cfg.job_id)
     print(f"job {cfg.job_id}: new generation {gen}; start the workers now")
     return 0
@@ -175,9 +201,9 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_renew(args: argparse.Namespace) -> int:
-    cfg = JobConfig.from_file(args.config)
-    _target(args, cfg).renew(cfg.job_id)
-    print(f"job {cfg.job_id}: lease renewed for its whole length")
+    for cfg in _levels(args):
+        _target(args, cfg).renew(cfg.job_id)
+        print(f"job {cfg.job_id} at {cfg.switch}: lease renewed for its whole length")
     return 0
 
 
@@ -190,11 +216,7 @@ def _no_address_for_a_tree(args: argparse.Namespace, cfg: object) -> None:
 
 
 def _cmd_undeploy(args: argparse.Namespace) -> int:
-    from .tree import TreeConfig, load
-
-    cfg = load(args.config)
-    _no_address_for_a_tree(args, cfg)
-    for job in cfg.switch_jobs()[::-1] if isinstance(cfg, TreeConfig) else [cfg]:  # leaves first, then the spine
+    for job in _levels(args)[::-1]:  # a tree's leaves first, then its spine
         _target(args, job).undeploy(job.job_id)
         print(f"job {job.job_id} removed from the {args.target} target at {job.switch}")
     return 0

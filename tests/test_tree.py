@@ -224,6 +224,12 @@ def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_pat
             "results_multicast"]
         assert all(c["partials_up"] == c["results_from_parent"] == counters[0]["results_multicast"]
                    for c in counters[1:])
+        capsys.readouterr()
+        assert main(["status", "--config", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert out.count("of the tree:") == 3 and "leaf 1 of the tree:" in out and "partials_up" in out
+        assert main(["reset", "--config", str(path)]) == 1
+        assert "reset of a tree: " in capsys.readouterr().err
         assert main(["undeploy", "--config", str(path)]) == 0
         assert all(not sw.model.jobs for sw in switches)
     finally:
