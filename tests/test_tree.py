@@ -364,3 +364,29 @@ def test_each_rail_of_nodes_under_two_leaves_is_a_tree_of_its_own(torch_tree):
         assert np.array_equal(o["all_reduce"], total[:1000])
         assert np.array_equal(o["reduce_scatter"], total[rank * 1000:(rank + 1) * 1000])
     assert all(sw.jobs() == {} for sw in switches)
+
+
+def test_a_run_restarted_under_a_running_tree_gets_its_own_sums_at_every_level(impl):
+    """A run's workers stop mid-call, their packets still on every hop; a new run (another session generation,
+    the same slots, chunk ids starting over) sums on the same tree: every rank gets its own run's sums, and the
+    old run's late partials and results are dropped at each level, never taken for the new run's."""
+    switches: dict = {}
+    t = tree(switches, leaves=2, per_leaf=3, k=16, slots=4)
+    lossy = Impairment(loss=0.05, dup=0.02, jitter=0.002)
+    net = SimNet(None, lossy, lossy, seed=21, impl=impl, switches=switches)
+    old = net.add_tree_workers(t)
+    for w, x in zip(old, inputs(6, 16 * 12, np.int32, seed=1), strict=True):
+        net.start(w, x)
+    net.run(until=0.004)  # mid-call: partials and results of the old run in flight everywhere
+    assert any(not w.red.done for w in old)
+    for job in t.jobs:
+        job.generation = 8  # the new run's session (every level's tag keeps it apart)
+    net.workers.clear()
+    new = net.add_tree_workers(t)
+    xs = inputs(6, 16 * 12, np.int32, seed=2)
+    got = run(net, new, xs)
+    want = np.sum(np.stack(xs).astype(np.int64), axis=0).astype(np.int32)
+    assert all(np.array_equal(g, want) for g in got)
+    counters = [sw.counters()["jobs"] for sw in switches.values()]
+    assert sum(c[j]["stale"] + c[j]["unexpected_result"] for c in counters for j in c) > 0, \
+        "the old run's late packets reached the switches and were dropped there"
