@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -351,8 +352,9 @@ class SimNet:
         return w.dead_after is not None and w.received >= w.dead_after
 
     def run(self, until: float = 1e9) -> None:
-        """Run until every live worker's reduction is done or failed. A worker's deadline is read again after
-        whatever it did (a receive, a wake, a tick): a net of a thousand workers does not ask each at every event."""
+        """Run until every live worker's reduction is done or failed, or the clock reaches ``until`` (where it
+        then stands). A worker's deadline is read again after whatever it did (a receive, a wake, a tick): a
+        net of a thousand workers does not ask each at every event."""
         live = dict(self._active())
         deadlines = {a: w.red.next_deadline() for a, w in live.items()}
 
@@ -366,6 +368,9 @@ class SimNet:
 
         while live and self.now < until:
             next_timer = min(deadlines.values())
+            if min(next_timer, self._events[0][0] if self._events else math.inf) > until:
+                self.now = until  # nothing is due before it: the clock stops there, not at the next timer
+                break
             if self._events and self._events[0][0] <= next_timer:
                 at, _, dst, data, src = heapq.heappop(self._events)
                 self.now = max(self.now, at)

@@ -105,10 +105,14 @@ def test_a_stalled_parent_stalls_every_rank_with_no_partial_handed_out(impl):
     assert all(not w.out.any() for w in workers)
 
 
+STRAGGLE = 0.02  # s: how late the stragglers of big_trees' first call start
+
+
 def big_trees(loss: Impairment, xs, ys, k: int) -> list[float]:
     """32 leaves of 32 workers and a tree of 4 x 8 on the same spine (slots of its own) summing ``xs`` and
     ``ys`` twice under ``loss`` on every hop; checks every rank's sums and returns each call's simulated time
-    (the first starts cold, with no round trip known; the second on what the first taught)."""
+    (the first starts cold, with no round trip known, and waits for stragglers; the second runs on what the
+    first taught)."""
     switches: dict = {}
     big = tree(switches, leaves=32, per_leaf=32, k=k, slots=4, ask_first=True)
     small = tree(switches, leaves=4, per_leaf=8, k=64, slots=8, slot_base=4, spine_job=101, first_leaf_job=33,
@@ -116,10 +120,18 @@ def big_trees(loss: Impairment, xs, ys, k: int) -> list[float]:
     net = SimNet(None, loss, loss, seed=11, impl="native", switches=switches)
     big_workers, small_workers = net.add_tree_workers(big), net.add_tree_workers(small)
     times = []
-    for _ in range(2):
+    late = set(range(5, 1024, 97))  # stragglers: in the first call, these ranks start 20 ms after the rest
+    for call in range(2):
         start = net.now
-        for w, x in zip(big_workers + small_workers, xs + ys, strict=True):
-            net.start(w, x)
+        workers = list(zip(big_workers + small_workers, xs + ys, strict=True))
+        for rank, (w, x) in enumerate(workers):
+            if not (call == 0 and rank in late):
+                net.start(w, x)
+        if call == 0:
+            net.run(until=start + STRAGGLE)
+            assert not any(w.red.done for w in big_workers if w.red), "no sum finishes while ranks are missing"
+            for rank in late:
+                net.start(*workers[rank])
         net.run()
         times.append(net.now - start)
         for workers, data in ((big_workers, xs), (small_workers, ys)):
