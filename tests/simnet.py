@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -171,6 +172,9 @@ class Worker:
     red: Reduction | NativeReduction | None = None
     switch: tuple[str, int] | str = SWITCH  # where its packets go
     payloads: object = None  # the call's
+    # its staged payload's step after each of the reduction's (StagedPayloads.advance), None where it is not
+    # staged: asked once a call, not at every step (a Protocol's isinstance is slow)
+    advance: Callable[[Reduction | NativeReduction, float], None] | None = None
     out: np.ndarray | None = None
     error: Exception | None = None
     sent: int = 0
@@ -270,6 +274,7 @@ class SimNet:
             w.out = np.empty(size, np.float32)
             payloads = FloatPayloads(x.astype(np.float32), w.out, job.k, job.ranks, layout)
         w.payloads = payloads
+        w.advance = payloads.advance if isinstance(payloads, StagedPayloads) else None
         desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
                                     collective=collective)
         w.red = None  # the last call's stream gives its arena back, for this call to reuse
@@ -286,13 +291,13 @@ class SimNet:
     def launch(self, w: Worker, red: Reduction) -> None:
         """Start ``w`` on a reduction built elsewhere (the join's phases, whose slot and copy the join
         picks), and send what it can at once."""
-        w.red, w.error = red, None
+        w.red, w.error, w.advance = red, None, None
         self._flush(w, w.job.address(w.rank))
 
     def _advance(self, w: Worker) -> None:
         """A staged payload's step after the reduction's (as the client's loop takes it)."""
-        if isinstance(w.payloads, StagedPayloads):
-            w.payloads.advance(w.red, self.now)
+        if w.advance is not None:
+            w.advance(w.red, self.now)
 
     def _receive(self, w: Worker, addr, buf: bytes | bytearray, offsets: list[int], lengths: list[int]) -> None:
         """One receive batch into ``w``'s reduction, then what a client's loop does after it."""
@@ -354,9 +359,14 @@ class SimNet:
     def run(self, until: float = 1e9) -> None:
         """Run until every live worker's reduction is done or failed, or the clock reaches ``until`` (where it
         then stands). A worker's deadline is read again after whatever it did (a receive, a wake, a tick): a
-        net of a thousand workers does not ask each at every event."""
+        net of a thousand workers does not ask each at every event. The deadlines wait in a heap (an entry
+        whose worker's deadline moved since is dropped when it comes up), and the workers due at once tick in
+        the order they were added."""
         live = dict(self._active())
+        order = {a: i for i, a in enumerate(live)}
         deadlines = {a: w.red.next_deadline() for a, w in live.items()}
+        timers = [(deadline, order[a], a) for a, deadline in deadlines.items()]
+        heapq.heapify(timers)
 
         def refresh(a, w: Worker) -> None:
             if a not in live:
@@ -365,9 +375,15 @@ class SimNet:
                 del live[a], deadlines[a]
             else:
                 deadlines[a] = w.red.next_deadline()
+                heapq.heappush(timers, (deadlines[a], order[a], a))
+
+        def first_timer() -> float:
+            while deadlines.get(timers[0][2]) != timers[0][0]:  # its worker is done, or its deadline moved
+                heapq.heappop(timers)
+            return timers[0][0]
 
         while live and self.now < until:
-            next_timer = min(deadlines.values())
+            next_timer = first_timer()
             if min(next_timer, self._events[0][0] if self._events else math.inf) > until:
                 self.now = until  # nothing is due before it: the clock stops there, not at the next timer
                 break
@@ -396,7 +412,12 @@ class SimNet:
                         self._schedule_wake(dst, self.rng.random() * self.batching.wake)
             else:
                 self.now = max(self.now, next_timer)
-                for a, w in [(a, w) for a, w in live.items() if deadlines[a] <= self.now]:
+                due = set()
+                while timers and timers[0][0] <= self.now:
+                    _, i, a = heapq.heappop(timers)
+                    if a in deadlines and deadlines[a] <= self.now:
+                        due.add((i, a))
+                for a, w in [(a, live[a]) for _, a in sorted(due)]:
                     try:
                         w.red.tick(self.now)
                     except Exception as exc:  # noqa: BLE001 - recorded for the test to inspect
