@@ -139,10 +139,13 @@ typedef struct {
      * chunk d belongs to rank d / per_shard, and `out` holds this rank's shard alone. */
     int scatter;
     Py_ssize_t shard, per_shard;
-    /* The call round (switchagg.calls): this rank's values, the sum they must come back as, and the
-     * sum that came back instead, which ends the call before any data goes (mismatch set). */
-    unsigned char *call_row, *expect, *mismatch_row;
-    int mismatch;
+    /* The call round (switchagg.calls): this rank's values and the sum they must come back as, `parts`
+     * chunks of K values each (entry t carries part t % parts), and the sum of each part as it came
+     * (seen: which came). No data goes before every part's sum is in (unseen = 0); where any differs,
+     * the call ends then (mismatch set, the sums in `gathered`). */
+    unsigned char *call_row, *expect, *gathered, *seen;
+    Py_ssize_t parts, unseen;
+    int differs, mismatch;
     Entry *entries;    /* per entry t: the call round's, then the data chunks' */
     Resend *resends;
     int marked;      /* some result carried EXP_NONFINITE (Reduction.marked) */
@@ -565,14 +568,14 @@ static int fill(Stream *s, double now) {
     double deadline = now + win_timeout_for(&s->w, 0);
     Entry *entries = s->entries;
     const uint8_t *copy0 = s->copy0;
-    const Py_ssize_t rounds = s->rounds, slots = s->slots;
+    const Py_ssize_t rounds = s->rounds, slots = s->slots, unseen = s->unseen;
     Py_ssize_t *outbox = s->outbox + s->out_head + s->out_len, posted = 0;
     Py_ssize_t walk_slot = s->walk_slot, walk_round = s->walk_round, sends = s->n_sends;
     List timers = s->timers, sent = s->sends;
     uint32_t fill_last = s->fill_last;
     for (; next < end && in_flight < window; next++) {
         Py_ssize_t t = next, prev = prev_of(s, t);
-        if (prev >= 0 && !entries[prev].done)
+        if ((prev >= 0 && !entries[prev].done) || (t >= rounds && unseen))  /* data waits for every part */
             break;
         outbox[posted++] = t;
         if (t + FILL_AHEAD < end)
@@ -686,7 +689,7 @@ static void write_packet(Stream *s, Py_ssize_t t, unsigned char *row) {
         write_header(s, t, row, TYPE_CONTRIB, s->floats && t < s->n_chunks ? proposal_of(s, t) : EXP_NONE);
         if (s->floats && s->proposed == t + 1)
             prefetch_source(s, t + PREFETCH_CHUNKS);
-        memcpy(values, s->call_row, 4 * (size_t)s->k);
+        memcpy(values, s->call_row + 4 * (size_t)s->k * (size_t)(t % s->parts), 4 * (size_t)s->k);
         return;
     }
     Py_ssize_t c = t - s->rounds + s->slots;  /* the chunk whose exponent this one proposes */
@@ -887,6 +890,21 @@ static void take_sums(Stream *s, const unsigned char *p, Py_ssize_t t) {
     }
 }
 
+/* Call-round entry t's sum (values p[0, 4 K)): its part's (Reduction._take_call_round). */
+static void take_call_round(Stream *s, const unsigned char *p, Py_ssize_t t) {
+    if (s->mismatch)
+        return;
+    Py_ssize_t part = t % s->parts;
+    size_t size = 4 * (size_t)s->k, at = size * (size_t)part;
+    memcpy(s->gathered + at, p, size);
+    s->differs |= memcmp(p, s->expect + at, size) != 0;
+    if (s->seen[part]) {
+        s->seen[part] = 0;
+        s->unseen--;
+    }
+    s->mismatch = s->differs && !s->unseen;
+}
+
 /* One datagram; returns 1 when it was a new result, 0 when ignored, -1 when out of memory. */
 static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, double now) {
     if (length == HEADER_SIZE && p[OFF_TYPE] == TYPE_PENDING)
@@ -914,10 +932,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
     e->agreed = (int8_t)p[OFF_EXPONENT];
     s->marked |= e->agreed == EXP_NONFINITE;
     if (t < s->rounds) {
-        if (!s->mismatch && memcmp(p + HEADER_SIZE, s->expect, 4 * (size_t)s->k) != 0) {
-            s->mismatch = 1;
-            memcpy(s->mismatch_row, p + HEADER_SIZE, 4 * (size_t)s->k);
-        }
+        take_call_round(s, p + HEADER_SIZE, t);
     } else if (get16(p + OFF_COUNT)) {  /* a sum this rank receives (a reduce-scatter's others: a header) */
         take_sums(s, p + HEADER_SIZE, t);
     }
@@ -1219,9 +1234,10 @@ static size_t lay_out(Stream *s, unsigned char *block) {
     CARVE(resends, entries);
     CARVE(proposals, s->n_chunks + 1);
     CARVE(copy0, s->slots);
-    CARVE(call_row, 4 * s->k);
-    CARVE(expect, 4 * s->k);
-    CARVE(mismatch_row, 4 * s->k);
+    CARVE(call_row, 4 * s->k * s->parts);
+    CARVE(expect, 4 * s->k * s->parts);
+    CARVE(gathered, 4 * s->k * s->parts);
+    CARVE(seen, s->parts);
 #undef CARVE
     return at;
 }
@@ -1335,6 +1351,14 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->scatter = shard >= 0;
     s->shard = shard;
     s->per_shard = k > 0 && shard > 0 ? (shard + k - 1) / k : 0;
+    /* calls.parts: the chunks of K values that every rank's two words take (0: no call round) */
+    s->parts = 0;
+    if (has_call && k > 0) {
+        s->parts = (2 * (Py_ssize_t)s->ranks + k - 1) / k;
+        if (s->parts < 1)
+            s->parts = 1;
+    }
+    Py_ssize_t data_rounds = s->slots < n_chunks ? s->slots : n_chunks;
     s->staged = staged;
     s->prepared = staged ? 0 : n_chunks;
     s->n_chunks = n_chunks;
@@ -1351,14 +1375,16 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->numel = s->x.len / 4;
     if (s->slots < 1 || s->slots > 0x10000 || k < 1 || s->x.itemsize != 4
             || !buffers_fit(s)
-            || rounds != (!has_call ? 0 : n_chunks < 1 ? 1 : s->slots < n_chunks ? s->slots : n_chunks)
-            || (has_call && (call_row.len != 4 * k || expect.len != 4 * k)) || (!has_call && s->floats)
+            || s->parts > s->slots || rounds != (!has_call ? 0 : s->parts > data_rounds ? s->parts : data_rounds)
+            || (has_call && (call_row.len != 4 * k * s->parts || expect.len != 4 * k * s->parts))
+            || (!has_call && s->floats)
             || s->total >= NONE) {
         PyErr_SetString(PyExc_ValueError, "Stream: x and out must be equal-sized 4-byte arrays in n_chunks chunks "
                         "of values_per_packet (a reduce-scatter's: x ranks shards of `shard` values, out one, "
                         "n_chunks ranks x ceil(shard / K), ranks at most 256, the owner byte's; a staged call's: rows of K, x n_chunks, out those this "
-                        "rank receives, and proposals), rounds = max(1, min(slots, n_chunks)) "
-                        "with a call round (call_row and expect K values each), else 0, floats need one, and "
+                        "rank receives, and proposals), rounds = max(P, min(slots, n_chunks)) "
+                        "with a call round (call_row and expect P x K values each, P = calls.parts(ranks, K), "
+                        "at most slots), else 0, floats need one, and "
                         "there are fewer than 2^32 - 1 packets");
         goto done;
     }
@@ -1375,9 +1401,12 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     start_batch(s);
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
     if (has_call) {
-        memcpy(s->call_row, call_row.buf, 4 * (size_t)k);
-        memcpy(s->expect, expect.buf, 4 * (size_t)k);
+        memcpy(s->call_row, call_row.buf, 4 * (size_t)k * (size_t)s->parts);
+        memcpy(s->expect, expect.buf, 4 * (size_t)k * (size_t)s->parts);
+        memset(s->seen, 1, (size_t)s->parts);
     }
+    s->unseen = s->parts;
+    s->differs = s->mismatch = 0;
     if (s->floats && proposals == Py_True) {
         s->proposed = 0;  /* the stream proposes each chunk as it goes (proposal_of) */
     } else if (s->floats) {
@@ -1424,7 +1453,7 @@ static PyObject *get_done(Stream *s, void *c) { return PyBool_FromLong(s->n_done
 static PyObject *get_mismatch(Stream *s, void *c) {
     if (!s->mismatch)
         Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)s->mismatch_row, 4 * s->k);
+    return PyBytes_FromStringAndSize((const char *)s->gathered, 4 * s->k * s->parts);
 }
 static PyObject *get_started(Stream *s, void *c) { return PyBool_FromLong(s->started); }
 static PyObject *get_n_done(Stream *s, void *c) { return PyLong_FromSsize_t(s->n_done); }
@@ -1442,7 +1471,7 @@ static PyObject *get_outbox_len(Stream *s, void *c) { return PyLong_FromSsize_t(
 
 static PyGetSetDef Stream_getset[] = {
     {"done", (getter)get_done, NULL, "every packet's result is in, or the call round ended the call", NULL},
-    {"mismatch", (getter)get_mismatch, NULL, "the call round's sum where it showed other calls than this one, else None", NULL},
+    {"mismatch", (getter)get_mismatch, NULL, "the call round's sums (every part's, in order) where they showed other calls than this one, else None", NULL},
     {"started", (getter)get_started, NULL, "a result ever came back (this call or, as given, an earlier one)", NULL},
     {"n_done", (getter)get_n_done, NULL, NULL, NULL},
     {"total", (getter)get_total, NULL, "packets of the call: the call round and the data chunks", NULL},

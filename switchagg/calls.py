@@ -1,16 +1,23 @@
 """What a call is, said to every peer before any of its data moves: the call round's descriptor.
 
-Every allreduce call starts with a *call round*: one packet per slot the call uses (at least one,
-also for an empty call or an int32 one), before any data chunk on that slot. Its values, which
+Every allreduce call starts with a *call round*: one packet per slot the call uses (at least one per
+part of the descriptors, below, also for an empty call or an int32 one), before any data chunk. Its values, which
 the switch sums like any others, hold each worker's **descriptor** of the call in two words of
-its own, ``[2 * rank, 2 * rank + 1]``, and zeros elsewhere. The sum is then every worker's
-descriptor side by side, so each worker can check, before it sends a single data chunk, that all
-ranks are making the same call: the same length, kind (float or int32), op and place in the
-sequence of calls, and the same collective (an allreduce, or a reduce-scatter: :class:`Layout`).
-Mismatched calls therefore never add their data up, and every rank learns of
+its own, ``[2 * rank, 2 * rank + 1]`` of a row of every rank's words, and zeros elsewhere. The sum
+is then every worker's descriptor side by side, so each worker can check, before it sends a single
+data chunk, that all ranks are making the same call: the same length, kind (float or int32), op and
+place in the sequence of calls, and the same collective (an allreduce, or a reduce-scatter:
+:class:`Layout`). Mismatched calls therefore never add their data up, and every rank learns of
 the mismatch from the same sums, so every rank raises for the same call. A rank whose input
 could not be reduced at all sends a descriptor marked *failed* instead, so that its peers fail
 that call with it instead of pairing their next call with its next one.
+
+A chunk of K values holds the words of K / 2 ranks, and a tree has up to 65,535 (section 10), so
+the row is cut into :func:`parts` chunks: part ``p`` holds ranks ``[p * K / 2, (p + 1) * K / 2)``,
+and call-round entry ``j`` carries part ``j mod P``. A call round therefore has at least P
+entries (:func:`call_rounds`); where every rank fits in one chunk (P = 1), every entry carries the
+whole row, as it always did. A rank sends no data until it holds every part's sum, and decides
+only then: that every rank's words are what its own descriptor would put there.
 
 When the call round shows any difference, every rank knows every rank's descriptor, so they all
 agree on what the call consumed (:func:`footprint`): chunk ids and slot copies stay paired, and
@@ -127,15 +134,16 @@ class CallDescriptor:
         collective = "reduce_scatter" if high & _SCATTER else "allreduce"
         return cls(seq, (high >> 16 & _LENGTH_HIGH) << 32 | low, kind, op, collective=collective)
 
-    def rounds(self, k: int, slots: int, n_workers: int) -> int:
-        """Packets of this call's call round: one per slot it uses, at least one."""
+    def rounds(self, k: int, slots: int, ranks: int) -> int:
+        """Packets of this call's call round among ``ranks`` ranks: one per slot it uses, and at least
+        one per part of the descriptors (:func:`call_rounds`)."""
         chunks = 0
         if not self.failed:
             # a reduce-scatter's length is a multiple of n (its caller checks, else it failed): a descriptor
             # read from a foreign sum that says otherwise counts the whole shards it has
-            length = self.length - self.length % n_workers if self.collective == "reduce_scatter" else self.length
-            chunks = Layout.of(length, k, n_workers, self.collective).n_chunks
-        return max(1, min(slots, chunks))
+            length = self.length - self.length % ranks if self.collective == "reduce_scatter" else self.length
+            chunks = Layout.of(length, k, ranks, self.collective).n_chunks
+        return call_rounds(chunks, slots, parts(ranks, k))
 
     def __str__(self) -> str:
         if self.failed:
@@ -144,35 +152,51 @@ class CallDescriptor:
         return f"call #{self.seq}: {what}{self.length} {self.kind} values, op {self.op}"
 
 
-def rows(desc: CallDescriptor, rank: int, n_workers: int, k: int) -> tuple[np.ndarray, bytes]:
-    """This rank's call-round values (K big-endian int32) and the sum every rank must get back:
-    the same descriptor at every rank's place."""
-    if k < WORDS * n_workers:
-        raise ValueError(f"K = {k} leaves no room for {n_workers} descriptors of {WORDS} words")
+def parts(ranks: int, k: int) -> int:
+    """Chunks of K values that ``ranks`` ranks' :data:`WORDS` words each take, side by side: at least one."""
+    return max(1, -(-WORDS * ranks // k))
+
+
+def call_rounds(n_chunks: int, slots: int, n_parts: int) -> int:
+    """Entries of the call round of a call of ``n_chunks`` data chunks: one per slot the data uses, and
+    at least one per part of the descriptors. Each takes a slot of its own, so the parts must fit the
+    job's slots."""
+    if n_parts > slots:
+        raise ValueError(f"the call round needs {n_parts} slots (the ranks' descriptors, {WORDS} words each, fill "
+                         f"{n_parts} chunks of K values), but the job has {slots}: give the job at least {n_parts} "
+                         "slots, or a larger K")
+    return max(n_parts, min(slots, n_chunks))
+
+
+def rows(desc: CallDescriptor, rank: int, ranks: int, k: int) -> tuple[np.ndarray, bytes]:
+    """This rank's call-round values and the sum every rank must get back (the same descriptor at every
+    rank's place), each :func:`parts` x K big-endian int32: call-round entry ``j`` carries K of them,
+    part ``j mod P``."""
     words = desc.words()
-    mine = np.zeros(k, dtype=">u4")
+    size = parts(ranks, k) * k
+    mine = np.zeros(size, dtype=">u4")
     mine[WORDS * rank:WORDS * rank + WORDS] = words
-    expect = np.zeros(k, dtype=">u4")
-    expect[:WORDS * n_workers] = words * n_workers
+    expect = np.zeros(size, dtype=">u4")
+    expect[:WORDS * ranks] = words * ranks
     return mine.view(VALUE_DTYPE), expect.tobytes()
 
 
-def read(row: bytes, n_workers: int) -> list[CallDescriptor | None]:
-    """Each rank's descriptor in a call round's sum."""
-    words = np.frombuffer(row, dtype=">u4", count=WORDS * n_workers)
-    return [CallDescriptor.from_words(int(words[WORDS * r]), int(words[WORDS * r + 1])) for r in range(n_workers)]
+def read(row: bytes, ranks: int) -> list[CallDescriptor | None]:
+    """Each rank's descriptor in a call round's sum (every part's, in order)."""
+    words = np.frombuffer(row, dtype=">u4", count=WORDS * ranks)
+    return [CallDescriptor.from_words(int(words[WORDS * r]), int(words[WORDS * r + 1])) for r in range(ranks)]
 
 
-def footprint(row: bytes, n_workers: int, k: int, slots: int) -> int:
+def footprint(row: bytes, ranks: int, k: int, slots: int) -> int:
     """How many ids and slots a call that the call round stopped has used on every rank alike: the
     largest call round any rank sent (whatever a rank sent past another's is left unfinished, and
     the next use of those slots takes their other copy under newer ids)."""
-    return max((d.rounds(k, slots, n_workers) if d is not None else slots) for d in read(row, n_workers))
+    return max((d.rounds(k, slots, ranks) if d is not None else slots) for d in read(row, ranks))
 
 
-def mismatch_error(row: bytes, n_workers: int, rank: int) -> CallMismatch | PeerFailed:
+def mismatch_error(row: bytes, ranks: int, rank: int) -> CallMismatch | PeerFailed:
     """The error every rank raises for a call whose call round showed different calls."""
-    descs = read(row, n_workers)
+    descs = read(row, ranks)
     failed = [r for r, d in enumerate(descs) if d is not None and d.failed and r != rank]
     if failed:
         return PeerFailed(

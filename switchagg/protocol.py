@@ -10,11 +10,12 @@ estimates from one call to the next.
 
 The schedule (``docs/protocol.md`` has the whole story): a call of ``N`` data
 chunks over a job with ``S`` slots first sends a call round, one packet per slot
-in use (``R = max(1, min(S, N))``), whose values carry every worker's descriptor
-of the call (:mod:`switchagg.calls`) and whose header carries each worker's
-proposed exponent for the slot's first data chunk. A call round whose sum shows
-that the ranks' calls differ ends the call (:attr:`Reduction.mismatch`) before
-any data goes. Data chunk ``d`` then goes on slot ``d % S`` with the agreed
+in use and at least one per part of the descriptors (``R = max(P, min(S, N))``,
+:func:`switchagg.calls.call_rounds`), whose values carry every worker's descriptor
+of the call (:mod:`switchagg.calls`: entry ``j`` part ``j % P``) and whose header carries each
+worker's proposed exponent for the slot's first data chunk. No data chunk goes before every
+part's sum is in; where one shows that the ranks' calls differ, the call ends there
+(:attr:`Reduction.mismatch`). Data chunk ``d`` then goes on slot ``d % S`` with the agreed
 (maximum) exponent that came back in the result of the slot's previous use, and
 proposes the exponent of chunk ``d + S``. A slot's next use goes out only when
 its previous result is back (self-clocking), and at most ``Window.size`` packets
@@ -47,7 +48,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from . import _native
+from . import _native, calls
 from .calls import Layout
 from .errors import JobNotStarted, StallError
 from .window import Window
@@ -166,7 +167,8 @@ class Reduction:
         for each further one before it raises: :class:`JobNotStarted` if the job never
         produced a result (``started`` says whether an earlier call did), else
         :class:`StallError`. ``call`` is the call round's values and the sum they must come
-        back as (:func:`switchagg.calls.rows`); None runs int32 data alone (the join's sums).
+        back as (:func:`switchagg.calls.rows`: a part of K values for each call-round entry, in turn);
+        None runs int32 data alone (the join's sums).
         ``layout`` is a reduce-scatter's (:class:`~switchagg.calls.Layout`, ``n_chunks`` of its
         chunks): each data chunk goes out marked with its owner, and only the owner's chunks come
         back with values (:meth:`_receive`); None is an allreduce.
@@ -185,13 +187,19 @@ class Reduction:
         if self._layout is not None and params.ranks > 256:
             raise ValueError(f"a reduce-scatter over {params.ranks} ranks: its owner byte names ranks 0..255")
         self._call_row, self._expect = (None, None) if call is None else call
-        self.mismatch: bytes | None = None  # the call round's sum, where it showed other calls than this one
+        self._parts = call_parts(call, params)  # entry t of the call round carries part t % parts
+        self.mismatch: bytes | None = None  # the call round's sums, where they showed other calls than this one
+        # the call round's sum of each part, as far as it came: no data goes before all of them are in
+        self._gathered = bytearray(len(self._expect) if call is not None else 0)
+        self._unseen = bytearray(b"\x01" * self._parts)
+        self._n_unseen = self._parts
+        self._differs = False  # some part's sum is not what this rank's descriptor would make it
         # Per-packet state in compact arrays of Python ints: numpy scalars cost more per access.
         self._proposals = None if proposals is None else array("b", proposals.astype(np.int8).tobytes())
         if first_slot and call is not None:
             raise ValueError("a call round's entries take the first slots: its data chunks start on slot 0")
         self._first_slot = first_slot % params.slot_count
-        self.rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None, first_slot=self._first_slot)
+        self.rounds, copy0 = start_call(copies, n_chunks, parts=self._parts, first_slot=self._first_slot)
         self.total = self.rounds + n_chunks
         self._copy0 = copy0.tolist()
         self._agreed = array("b", [EXP_NONE]) * self.total  # the exponent each result carried
@@ -240,6 +248,8 @@ class Reduction:
 
     def _ready(self, t: int) -> bool:
         if t - self.rounds >= self.prepared:  # a staged chunk waits for its window
+            return False
+        if t >= self.rounds and self._n_unseen:  # data waits for every part of the call round
             return False
         prev = self._prev(t)
         return prev is None or bool(self._done[prev])
@@ -325,8 +335,10 @@ class Reduction:
 
     def encode(self, send: Send, out: np.ndarray) -> None:
         """Write ``send``'s K values into ``out`` (big-endian int32), e.g. the row it is sent from."""
-        if send.data_chunk < 0:
-            out[:] = self._call_row
+        if send.data_chunk < 0:  # call-round entry t carries part t % P: the chunk id tells t
+            k = self.params.values_per_packet
+            part = ((send.header.chunk - self.first_id) & _U32) % self._parts
+            out[:] = self._call_row[part * k:(part + 1) * k]
         else:
             self.payloads.encode(send.data_chunk, send.exponent, out)
 
@@ -445,6 +457,26 @@ class Reduction:
         self._taken, self._longest, self._shortest = 0, -math.inf, math.inf
         self._settled, self._settled_shortest = 0, math.inf
 
+    def _take_call_round(self, t: int, row: bytes) -> None:
+        """Call-round entry ``t``'s sum: its part's. Once every part's is in, and any differs from what this
+        rank's descriptor makes it, the call is over (:attr:`mismatch`: every part's sum, in order).
+
+        Every rank receives the same sums and waits for all of them, so every rank reads every rank's
+        descriptor and decides alike; and data waits for them too (:meth:`_ready`), so no rank sends
+        data of a call whose difference lies in a part that came later than its slot's entry.
+        """
+        if self.mismatch is not None:
+            return
+        part = t % self._parts
+        at = part * len(row)
+        self._gathered[at:at + len(row)] = row
+        self._differs = self._differs or row != self._expect[at:at + len(row)]
+        if self._unseen[part]:
+            self._unseen[part] = 0
+            self._n_unseen -= 1
+        if self._differs and not self._n_unseen:
+            self.mismatch = bytes(self._gathered)
+
     def _receive_pending(self, h: Header, now: float) -> None:
         """Take the switch's answer to a QUERY: the bitmap of workers its slot copy has counted.
 
@@ -508,9 +540,7 @@ class Reduction:
         self.n_done += 1
         self._agreed[t] = h.exponent
         if t < self.rounds:
-            row = bytes(values[:4 * self.params.values_per_packet])
-            if row != self._expect and self.mismatch is None:
-                self.mismatch = row
+            self._take_call_round(t, bytes(values[:4 * self.params.values_per_packet]))
         elif h.count:  # a sum this rank receives (a reduce-scatter's other chunks come as a header)
             d = t - self.rounds
             prev = self._prev(t)
@@ -738,7 +768,7 @@ class NativeReduction(_native.Stream):
         proposals = True if getattr(payloads, "stream_proposes", False) else payloads.proposals()
         if call is None and proposals is not None:
             raise ValueError("floats need the call round: it carries their exponents")
-        rounds, copy0 = start_call(copies, n_chunks, call_round=call is not None)
+        rounds, copy0 = start_call(copies, n_chunks, parts=call_parts(call, params))
         row, expect = (None, None) if call is None else (np.ascontiguousarray(call[0]).tobytes(), call[1])
         staged = isinstance(payloads, StagedPayloads)
         if proposals is not None and proposals is not True:
@@ -764,15 +794,28 @@ class NativeReduction(_native.Stream):
                               started=self.started)
 
 
-def start_call(copies: np.ndarray, n_chunks: int, *, call_round: bool = True,
+def call_parts(call: tuple[np.ndarray, bytes] | None, params: StreamParams) -> int:
+    """The parts of a call round's values (:func:`switchagg.calls.rows`), checked against the call's ranks
+    and K; 0 where there is no call round."""
+    if call is None:
+        return 0
+    k, n_parts = params.values_per_packet, calls.parts(params.ranks, params.values_per_packet)
+    if len(call[0]) != n_parts * k or len(call[1]) != 4 * n_parts * k:
+        raise ValueError(f"the call round of {params.ranks} ranks at K = {k} is {n_parts} x {k} values and as many "
+                         f"expected, not {len(call[0])} and {len(call[1]) // 4}: make it with calls.rows")
+    return n_parts
+
+
+def start_call(copies: np.ndarray, n_chunks: int, *, parts: int = 1,
                first_slot: int = 0) -> tuple[int, np.ndarray]:
     """The call round's size, and each slot's shadow copy at the call's start.
 
     ``copies[s]`` is the copy of slot ``s``'s next use; it is advanced past this call's uses. Data
-    chunk ``d`` uses slot ``(first_slot + d) % len(copies)``.
+    chunk ``d`` uses slot ``(first_slot + d) % len(copies)``. ``parts``: of the call round's values
+    (:func:`switchagg.calls.parts`), 0 for no call round.
     """
     s = len(copies)
-    rounds = max(1, min(s, n_chunks)) if call_round else 0
+    rounds = calls.call_rounds(n_chunks, s, parts) if parts else 0
     copy0 = copies.copy()
     # data chunk d uses slot (first_slot + d) % s: each slot q times, the r from first_slot on once more
     # (counted per slot, not per chunk: a 64 MiB call at K = 64 has 262k chunks, and arrays of them cost

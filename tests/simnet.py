@@ -183,6 +183,9 @@ class Worker:
     waking: bool = False  # a wake is due to take them
     buffer: bytearray = field(default_factory=bytearray)  # the receive buffer: earlier batches' bytes stay
     batches: list[tuple[int, int]] = field(default_factory=list)  # each receive batch's (messages, datagrams)
+    # the call's first id and slot copies before it (what finish() rewinds to), and whether it said it failed
+    call_start: tuple[int, np.ndarray] | None = None
+    failed: bool = False
 
 
 @dataclass
@@ -252,11 +255,14 @@ class SimNet:
                                    row[:length].tobytes(), addr)
 
     def start(self, w: Worker, x: np.ndarray, progress_timeout: float = 5.0, collective: str = "allreduce",
-              staged: bool = False) -> None:
+              staged: bool = False, failed: bool = False) -> None:
         """Start ``w``'s next call on ``x``: an allreduce, or a reduce-scatter (``w.out`` is then its shard).
         ``staged``: floats through :class:`~switchagg.torch_payloads.TorchPayloads` (a CPU tensor), a
-        window at a time, as a GPU's go."""
+        window at a time, as a GPU's go. ``failed``: a call whose input the rank could not reduce (its
+        descriptor says so, and it sends no data), as ``Client`` makes one."""
         job = w.job
+        if failed:
+            x, collective = np.empty(0, np.int32), "allreduce"
         layout = calls.Layout.of(x.size, job.k, job.ranks, collective)
         size = layout.shard if layout.scatter else x.size
         if x.dtype == np.int32:
@@ -276,7 +282,8 @@ class SimNet:
         w.payloads = payloads
         w.advance = payloads.advance if isinstance(payloads, StagedPayloads) else None
         desc = calls.CallDescriptor(w.seq, x.size, "int32" if x.dtype == np.int32 else "float", "sum",
-                                    collective=collective)
+                                    collective=collective, failed=failed)
+        w.call_start, w.failed = (w.next_id, w.copies.copy()), failed
         w.red = None  # the last call's stream gives its arena back, for this call to reuse
         native = {"arena": w.arena} if self.impl == "native" else {}
         w.red = IMPLEMENTATIONS[self.impl](
@@ -287,6 +294,20 @@ class SimNet:
         w.seq += 1
         w.error = None
         self._flush(w, job.address(w.rank))
+
+    def finish(self, w: Worker) -> Exception | None:
+        """What ``Client`` does once ``w``'s call is over: where its call round showed other calls, it takes
+        the ids and slot copies that every rank takes as used (:func:`switchagg.calls.footprint`), so that
+        the next call stays paired, and returns the error the rank raises (None: the call was summed, or
+        this rank failed it, which raises its own)."""
+        if w.red.mismatch is None:
+            return None
+        job, (first, before) = w.job, w.call_start
+        used = calls.footprint(w.red.mismatch, job.ranks, job.k, job.slots)
+        w.copies[:] = before
+        w.copies[:used] ^= 1
+        w.next_id = (first + used) & 0xFFFFFFFF
+        return None if w.failed else calls.mismatch_error(w.red.mismatch, job.ranks, job.rank(w.rank))
 
     def launch(self, w: Worker, red: Reduction) -> None:
         """Start ``w`` on a reduction built elsewhere (the join's phases, whose slot and copy the join

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from switchagg.switch.model import SwitchModel
 from switchagg.window import MIN_PROBE, MIN_RESEND, TAIL_RTTS, Window, WindowState
 from switchagg.wire import PacketType, unpack_header
 
-from .simnet import IMPLEMENTATIONS, Batching, Impairment, Job, SimNet, Worker, reduce_all
+from .simnet import IMPLEMENTATIONS, Batching, Impairment, Job, SimNet, Worker, reduce_all, tree
 
 # How the workers receive in the tests that hold the twins to each other: each datagram alone as it
 # arrives, and in the batches the kernel hands a client's loop (recvmmsg's messages, GRO runs), where a
@@ -898,6 +899,54 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
     assert python[3] > 0 and (python[4] > 0) == ask_first  # the impairments made it retransmit (and ask)
 
 
+# Calls among 32 ranks at K = 16, whose call round's descriptors are 4 chunks (calls.parts): of a chunk and of
+# less (a call round longer than its data), of more chunks than slots, an empty one, a reduce-scatter, one where
+# rank 21 (the third chunk's) calls with another length, and one that rank 5 (the first chunk's) failed:
+# (values, collective, {rank: its values instead, None: it failed})
+WIDE_CALLS = [(37, "allreduce", {}), (1, "allreduce", {}), (40, "allreduce", {21: 200}), (200, "allreduce", {}),
+              (50, "allreduce", {5: None}), (0, "allreduce", {}), (96, "reduce_scatter", {})]
+
+
+@pytest.mark.parametrize("batching", sorted(BATCHING))
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("seed", range(2))
+def test_both_implementations_send_the_same_bytes_in_a_tree_of_more_ranks_than_a_chunk_holds(seed, dtype, batching):
+    """A tree of 4 leaves of 8 ranks at K = 16, under loss, duplication and reordering on every hop: the call
+    round spreads the descriptors over 4 entries, no data goes before all of them are in, and a call that
+    differs on a rank, or that a rank failed, stops there on every rank alike (:attr:`Reduction.mismatch`,
+    every chunk's sum); every packet and every result is the same from both twins, and so is each rank's
+    error and what the calls after it sum."""
+    runs = {}
+    for impl in IMPLEMENTATIONS:
+        switches: dict = {}
+        t = tree(switches, leaves=4, per_leaf=8, k=16, slots=8)
+        up, down = LOSSES["scattered"]
+        net = SimNet(None, up, down, seed=seed, impl=impl, batching=BATCHING[batching], switches=switches)
+        ws = net.add_tree_workers(t)
+        outs, windows, errors, resent = [], [], [], 0
+        for i, (size, collective, odd) in enumerate(WIDE_CALLS):
+            for r, (w, x) in enumerate(zip(ws, data(32, size, seed=seed * 10 + i, dtype=dtype), strict=True)):
+                if r in odd:
+                    net.start(w, data(1, odd[r] or 0, seed=i, dtype=dtype)[0], failed=odd[r] is None)
+                else:
+                    net.start(w, x, collective=collective)
+            net.run()
+            assert all(w.error is None and w.red.done and w.red.protocol_errors == 0 for w in ws)
+            errors.append([type(e).__name__ + f": {e}" if e else None for e in map(net.finish, ws)])
+            outs.append([(w.red.mismatch or w.out.tobytes(), w.red.marked) for w in ws])
+            windows.append([w.window.state() for w in ws])
+            resent += sum(w.red.retransmissions for w in ws)
+        runs[impl] = (net.sent_log, outs, windows, errors, net.now)
+        assert resent > 0
+    python, native = runs["python"], runs["native"]
+    assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
+    assert python[1:] == native[1:]
+    errors = python[3]
+    assert [len({e.split(":")[0] for e in call if e}) for call in errors] == [0, 0, 1, 0, 1, 0, 0]
+    assert errors[2][0].startswith("CallMismatch") and errors[4][0].startswith("PeerFailed")
+    assert errors[4][5] is None and "rank(s) [5]" in errors[4][0]
+
+
 def test_native_reduction_refuses_what_does_not_fit():
     from switchagg import _native
     from switchagg.payloads import FloatPayloads
@@ -919,6 +968,11 @@ def test_native_reduction_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="n_chunks"):
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=2,
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0, call=call)
+    with pytest.raises(ValueError, match=r"of 5 ranks at K = 8 is 2 x 8 values and as many expected, not 8 and 8: "
+                                         "make it with calls.rows"):  # rows for 2 ranks, a call of 5 (a tree's)
+        NativeReduction(replace(job.params(0), tree_rank=0, tree_ranks=5), Window(4),
+                        FloatPayloads(x, np.empty_like(x), 8, 5), n_chunks=3, first_id=0, copies=np.zeros(4, np.int64),
+                        now=0.0, progress_timeout=5.0, call=call)
     with pytest.raises(ValueError, match="call round"):  # floats without one: nothing carries their exponents
         NativeReduction(job.params(0), Window(4), FloatPayloads(x, np.empty_like(x), 8, 2), n_chunks=3,
                         first_id=0, copies=np.zeros(4, np.int64), now=0.0, progress_timeout=5.0)
@@ -963,19 +1017,26 @@ def test_a_long_run_crosses_the_chunk_ids_wrap_around_bit_exact(impl, dtype):
 
 @pytest.mark.parametrize("slots", [1, 7, 1024])
 @pytest.mark.parametrize("n_chunks", [0, 1, 6, 7, 8, 1023, 1024, 1025, 5000])
-@pytest.mark.parametrize("call_round", [True, False])
+@pytest.mark.parametrize("parts", [0, 1, 3])
 @pytest.mark.parametrize("first_slot", [0, 5])
-def test_start_call_flips_each_slot_s_copy_once_per_use(slots, n_chunks, call_round, first_slot):
-    """A call uses slot s once in its call round (the first min(S, chunks) slots, at least one) and once
-    per data chunk d with (first_slot + d) % S == s; each use flips the slot's shadow copy, so the next
-    call starts from the copies after all of them. Counted per chunk here, per slot in start_call."""
+def test_start_call_flips_each_slot_s_copy_once_per_use(slots, n_chunks, parts, first_slot):
+    """A call uses slot s once in its call round (the first min(S, chunks) slots, and at least one per part
+    of its descriptors) and once per data chunk d with (first_slot + d) % S == s; each use flips the slot's
+    shadow copy, so the next call starts from the copies after all of them. Counted per chunk here, per
+    slot in start_call. Parts that the slots cannot hold are refused, saying what to change."""
     from switchagg.protocol import start_call
 
     copies = np.random.default_rng(n_chunks * 31 + slots).integers(0, 2, slots).astype(np.int64)
     before = copies.copy()
     first_slot %= slots
-    rounds, copy0 = start_call(copies, n_chunks, call_round=call_round, first_slot=first_slot)
-    assert rounds == (max(1, min(slots, n_chunks)) if call_round else 0)
+    if parts > slots:
+        with pytest.raises(ValueError, match=f"needs {parts} slots.*has {slots}: give the job at least {parts} "
+                                             "slots, or a larger K"):
+            start_call(copies, n_chunks, parts=parts, first_slot=first_slot)
+        assert np.array_equal(copies, before)
+        return
+    rounds, copy0 = start_call(copies, n_chunks, parts=parts, first_slot=first_slot)
+    assert rounds == (max(parts, min(slots, n_chunks)) if parts else 0)
     flips = np.zeros(slots, np.int64)
     for t in range(rounds):
         flips[t] += 1

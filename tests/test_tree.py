@@ -13,12 +13,14 @@ import pytest
 from switchagg import Client, ConfigError, JobConfig, SoftSwitch, StallError
 from switchagg.__main__ import main
 from switchagg.config import ParentSpec, parse_toml
+from switchagg.errors import CallMismatch, PeerFailed
 from switchagg.loopback import free_ports
 from switchagg.switch.model import SwitchModel
 from switchagg.tree import TreeConfig
+from switchagg.wire import unpack_header
 
 from .conftest import run_ranks
-from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, tree
+from .simnet import IMPLEMENTATIONS, Impairment, Job, SimNet, Worker, tree
 
 LOSSY = {"lossless": Impairment(), "lossy": Impairment(loss=0.05, dup=0.01, jitter=0.0005)}
 
@@ -105,17 +107,80 @@ def test_a_stalled_parent_stalls_every_rank_with_no_partial_handed_out(impl):
     assert all(not w.out.any() for w in workers)
 
 
+def only_call_rounds_went(net: SimNet) -> bool:
+    """Whether every packet the workers sent in their first call was of its call round (ids from 0)."""
+    return all(unpack_header(p).chunk < net.workers[at].red.rounds for _, at, p in net.sent_log)
+
+
+def wide_tree(impl: str, links: str) -> tuple[SimNet, list[Worker]]:
+    """32 ranks under 4 leaves at K = 16, 8 slots: the call round's descriptors are 4 chunks, entry j carrying
+    those of ranks [8 j, 8 j + 8), so a call round is at least 4 entries."""
+    switches: dict = {}
+    t = tree(switches, leaves=4, per_leaf=8, k=16, slots=8)
+    net = SimNet(None, LOSSY[links], LOSSY[links], seed=3, impl=impl, switches=switches)
+    return net, net.add_tree_workers(t)
+
+
+def paired_after(net: SimNet, workers: list[Worker]) -> None:
+    """The calls after one that the call round stopped stay paired: the same call on every rank sums exactly."""
+    xs = inputs(len(workers), 16 * 5 + 3, np.int32, seed=4)
+    want = np.sum(np.stack(xs).astype(np.int64), axis=0).astype(np.int32)
+    assert all(np.array_equal(out, want) for out in run(net, workers, xs))
+
+
+@pytest.mark.parametrize("links", sorted(LOSSY))
+def test_a_call_that_differs_on_one_rank_of_more_than_a_chunk_holds_raises_alike_on_every_rank(impl, links):
+    """Rank 21, whose descriptor is in the call round's third chunk, calls with 96 values where the others
+    call with 32: the first two chunks' sums are what every other rank expects, so a rank that sent data once
+    its slot's entry matched would sum a mismatched call. Every rank reads every chunk's sum before it
+    decides: no data goes, every rank raises the same CallMismatch naming both calls and takes the same ids
+    and slot copies as used (rank 21's call round, 6 entries), and the next call sums exactly."""
+    net, workers = wide_tree(impl, links)
+    xs = inputs(32, 16 * 2, np.int32)  # 2 chunks: a call round of 4 entries, the descriptors'
+    xs[21] = inputs(1, 16 * 6, np.int32)[0]  # 6 chunks: 6 entries
+    for w, x in zip(workers, xs, strict=True):
+        net.start(w, x)
+    net.run()
+    assert all(w.error is None and w.red.done for w in workers)
+    assert len({w.red.mismatch for w in workers} - {None}) == 1
+    assert only_call_rounds_went(net)
+    errors = [net.finish(w) for w in workers]
+    assert all(isinstance(e, CallMismatch) for e in errors) and len({str(e) for e in errors}) == 1
+    assert "rank 20: call #0: 32 int32 values" in str(errors[0]) and "rank 21: call #0: 96 int32" in str(errors[0])
+    assert {w.next_id for w in workers} == {6}
+    paired_after(net, workers)
+
+
+@pytest.mark.parametrize("links", sorted(LOSSY))
+def test_a_rank_that_fails_a_call_among_more_ranks_than_a_chunk_holds_fails_it_on_every_rank(impl, links):
+    """Rank 29 (the call round's last chunk) could not reduce its input: its descriptor says so, and every
+    other rank raises the same PeerFailed naming it, no rank having sent data; the next call sums exactly."""
+    net, workers = wide_tree(impl, links)
+    for w, x in zip(workers, inputs(32, 16 * 3, np.int32), strict=True):
+        net.start(w, x, failed=w is workers[29])
+    net.run()
+    assert all(w.error is None and w.red.done for w in workers)
+    assert only_call_rounds_went(net)
+    errors = [net.finish(w) for w in workers]
+    assert errors[29] is None  # it raises its own error
+    others = errors[:29] + errors[30:]
+    assert all(isinstance(e, PeerFailed) for e in others) and {str(e) for e in others} == {str(others[0])}
+    assert "rank(s) [29]" in str(others[0])
+    assert {w.next_id for w in workers} == {4}
+    paired_after(net, workers)
+
+
 STRAGGLE = 0.02  # s: how late the stragglers of big_trees' first call start
 
 
-def big_trees(loss: Impairment, xs, ys, k: int) -> list[float]:
+def big_trees(loss: Impairment, xs, ys, k: int, slots: int) -> list[float]:
     """32 leaves of 32 workers and a tree of 4 x 8 on the same spine (slots of its own) summing ``xs`` and
     ``ys`` twice under ``loss`` on every hop; checks every rank's sums and returns each call's simulated time
     (the first starts cold, with no round trip known, and waits for stragglers; the second runs on what the
     first taught)."""
     switches: dict = {}
-    big = tree(switches, leaves=32, per_leaf=32, k=k, slots=4, ask_first=True)
-    small = tree(switches, leaves=4, per_leaf=8, k=64, slots=8, slot_base=4, spine_job=101, first_leaf_job=33,
+    big = tree(switches, leaves=32, per_leaf=32, k=k, slots=slots, ask_first=True)
+    small = tree(switches, leaves=4, per_leaf=8, k=64, slots=8, slot_base=slots, spine_job=101, first_leaf_job=33,
                  leaf_net=2, ask_first=True)
     net = SimNet(None, loss, loss, seed=11, impl="native", switches=switches)
     big_workers, small_workers = net.add_tree_workers(big), net.add_tree_workers(small)
@@ -143,9 +208,9 @@ def big_trees(loss: Impairment, xs, ys, k: int) -> list[float]:
     return times
 
 
-def flat_job(loss: Impairment, xs, k: int) -> list[float]:
+def flat_job(loss: Impairment, xs, k: int, slots: int) -> list[float]:
     """The same calls on one switch's job of 32 workers: each call's simulated time."""
-    job = Job(n=32, k=k, slots=4, ask_first=True)
+    job = Job(n=32, k=k, slots=slots, ask_first=True)
     model = SwitchModel(64)
     model.add_job(job.entry())
     net = SimNet(model, loss, loss, seed=11, impl="native")
@@ -160,12 +225,14 @@ def flat_job(loss: Impairment, xs, k: int) -> list[float]:
 
 def test_1024_workers_under_loss_on_every_hop_sum_exactly_beside_a_second_tree_on_the_spine(capsys):
     """32 leaves of 32 workers at 1% loss on every hop, beside a tree of 4 x 8 on the same spine: every rank of
-    both gets the exact int32 sum, twice. Prints the simulated call times against a flat job of 32 workers."""
-    k = 2 * 1024  # the call round holds each rank's descriptor: 2 words a rank
+    both gets the exact int32 sum, twice. At the P4 switch's K = 64 the call round's descriptors, 2 words a
+    rank, are 32 chunks: its first 32 entries, on 32 of the 48 slots. Prints the simulated call times against a
+    flat job of 32 workers."""
+    k, slots = 64, 48  # the spine's pool of 64 slots holds the small tree's 8 too
     xs, ys = inputs(1024, 3 * k, np.int32, seed=12), inputs(32, 64 * 5, np.int32, seed=13)
     loss, lossless = Impairment(loss=0.01, jitter=0.0002), Impairment(jitter=0.0002)
-    times = {"tree at 1%": big_trees(loss, xs, ys, k), "tree lossless": big_trees(lossless, xs, ys, k),
-             "flat at 1%": flat_job(loss, xs, k), "flat lossless": flat_job(lossless, xs, k)}
+    times = {"tree at 1%": big_trees(loss, xs, ys, k, slots), "tree lossless": big_trees(lossless, xs, ys, k, slots),
+             "flat at 1%": flat_job(loss, xs, k, slots), "flat lossless": flat_job(lossless, xs, k, slots)}
     print("simulated ms per call (first, second): " + ", ".join(
         f"{name} {first * 1e3:.1f} {second * 1e3:.1f}" for name, (first, second) in times.items()))
     for i, call in enumerate(("first", "second")):
