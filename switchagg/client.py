@@ -352,15 +352,16 @@ class Client:
         return self.session
 
     def _exchange(self, phase: Phase, timeout: float) -> bytes:
-        """One sum of the join: the phase's values (K big-endian int32) in its slot and copy, chunk 0,
-        under its generation; returns the sum as it came back."""
+        """One sum of the join: the phase's values (P x K big-endian int32) as chunks 0 to P - 1 in its
+        slots (from ``phase.slot`` on) and copy, under its generation; returns the sum as it came back."""
         cfg = self.config
         flat = phase.values.astype(np.int32)
         out = np.empty_like(flat)
+        n_chunks = flat.size // cfg.values_per_packet
         copies = np.zeros(cfg.slot_count, dtype=np.int64)
-        copies[phase.slot] = phase.copy
+        copies[phase.slot:phase.slot + n_chunks] = phase.copy
         red = Reduction(self._params(phase.generation), self.window,
-                        Int32Payloads(flat, out, cfg.values_per_packet), n_chunks=1, first_id=0, copies=copies,
+                        Int32Payloads(flat, out, cfg.values_per_packet), n_chunks=n_chunks, first_id=0, copies=copies,
                         now=time.monotonic(), progress_timeout=timeout, started=self._started,
                         first_slot=phase.slot)
         self._drive(red)
