@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .calls import parts
 from .errors import ConfigError
 from .wire import MAX_TREE_RANKS, MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 
@@ -178,13 +179,14 @@ class JobConfig:
                     "give every worker its own address and port")
             seen[w.address] = rank
         self._check_tree()
-        # Each call's first packets carry a call descriptor and a session nonce, one 32-bit word each,
-        # for every rank: a packet must have room for 2n values.
+        # Each call's first packets (the call round) and the join's sums carry two 32-bit words for every
+        # rank, in as many chunks of K as they fill, each on a slot of its own (docs/protocol.md, 4 and 6a).
         k, n = self.values_per_packet, self.ranks
-        if k < 2 * n:
+        if (chunks := parts(n, k)) > self.slot_count:
             raise ConfigError(
-                f"job.values_per_packet = {k} is below 2 x {n} ranks: each call's first packet carries "
-                f"two values per rank; use values_per_packet >= {2 * n}")
+                f"job.slot_count = {self.slot_count} is below the {chunks} chunks of K = {k} values that two "
+                f"values per rank take for {n} ranks (each call's first packets carry them, a slot each): "
+                f"use slot_count >= {chunks}, or values_per_packet >= {2 * n}")
 
     def _check_tree(self) -> None:
         """A tree's fields in range, and adding up (jobs.check_tree says so again for the switch's entry)."""

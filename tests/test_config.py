@@ -125,16 +125,19 @@ def workers(n: int) -> tuple[WorkerSpec, ...]:
     return tuple(WorkerSpec(Endpoint("127.0.0.1", 40000 + r)) for r in range(n))
 
 
-def test_values_per_packet_holds_two_words_per_worker():
-    """Each call's first packet carries a call descriptor and a session nonce for every worker."""
+def test_the_slots_hold_the_chunks_of_two_words_per_rank():
+    """Each call's first packets carry a call descriptor for every rank, two words each, in as many chunks
+    of K as they fill, a slot each (and the join's sums its nonces so): a job needs that many slots."""
     with pytest.raises(ConfigError) as info:
-        JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 9, workers(5))
-    assert str(info.value) == ("job.values_per_packet = 9 is below 2 x 5 ranks: each call's first packet "
-                               "carries two values per rank; use values_per_packet >= 10")
-    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 10, workers(5)).values_per_packet == 10
-    # the P4 program's K = 64 holds the most workers a job may have
-    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 16, 64, workers(32)).n_workers == 32
-    refused(r"job.values_per_packet = 3 is below 2 x 2 ranks", job="values_per_packet = 3")
+        JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 9, workers(5))
+    assert str(info.value) == ("job.slot_count = 1 is below the 2 chunks of K = 9 values that two values per "
+                               "rank take for 5 ranks (each call's first packets carry them, a slot each): "
+                               "use slot_count >= 2, or values_per_packet >= 10")
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 2, 9, workers(5)).slot_count == 2
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 10, workers(5)).values_per_packet == 10
+    # the P4 program's K = 64 holds the most workers a job may have in one chunk
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 64, workers(32)).n_workers == 32
+    refused(r"job.slot_count = 1 is below the 2 chunks of K = 3 values", job="values_per_packet = 3\nslot_count = 1")
 
 
 def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():

@@ -272,7 +272,9 @@ def test_a_tree_file_gives_every_switch_its_job_and_every_worker_its_leaf(tmp_pa
 @pytest.mark.parametrize("change, says", [
     (lambda text: text.replace("[spine]", "[spin]"), r"\[spin\] is not a table of a tree file"),
     (lambda text: text.replace("workers = [", "worker = ["), "leaves\\[0\\].worker is not a known key"),
-    (lambda text: text.replace("values_per_packet = 64", "values_per_packet = 8"), "below 2 x 6 ranks"),
+    (lambda text: text.replace("values_per_packet = 64", "values_per_packet = 4").replace("slot_count = 16",
+                                                                                          "slot_count = 2"),
+     "slot_count = 2 is below the 3 chunks of K = 4 values that two values per rank take for 6 ranks"),
     (lambda text: text + "\n[[leaves]]\naddress = \"127.0.0.1:1\"\nworkers = []\n", "list its workers"),
 ])
 def test_a_tree_file_that_does_not_add_up_says_what_to_fix(change, says):
@@ -280,13 +282,15 @@ def test_a_tree_file_that_does_not_add_up_says_what_to_fix(change, says):
         TreeConfig.from_dict(parse_toml(change(tree_file(per_leaf=3, leaves=2)), "the tree"))
 
 
+@pytest.mark.parametrize("k", [256, 4], ids=["ranks in a chunk", "ranks in two chunks"])
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
-def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_path, dtype, capsys):
+def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_path, dtype, k, capsys):
     """A spine and two leaves, each an embedded switch with its control port, deployed from one tree file by
     `switchagg deploy` (every level under the spine's generation); four clients, two under each leaf, get the
-    flat job's sums, bit for bit; `switchagg undeploy` removes the job from every switch."""
+    flat job's sums, bit for bit; `switchagg undeploy` removes the job from every switch. At K = 4 the four
+    ranks' two words each (the join's, and every call round's) take two chunks."""
     path = tmp_path / "tree.toml"
-    path.write_text(tree_file(per_leaf=2, leaves=2, k=256))
+    path.write_text(tree_file(per_leaf=2, leaves=2, k=k))
     t = TreeConfig.from_file(path)
     switches = [SoftSwitch(job.switch, control=job.control).start() for job in t.switch_jobs()]
     try:
@@ -296,7 +300,7 @@ def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_pat
         got = run_ranks(4, lambda r: once(*t.worker(r), xs[r]))
         for out in got:
             assert not isinstance(out, BaseException), out
-        want = flat(xs, 256, "native")
+        want = flat(xs, k, "native")
         assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
         counters = [sw.model.counters()["jobs"][3] for sw in switches]
         assert counters[0]["results_multicast"] > 0 and counters[0]["contributions"] == 2 * counters[0][
