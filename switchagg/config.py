@@ -372,17 +372,24 @@ def parse_toml(text: str, what: str) -> dict[str, Any]:
                           "32 bits; shorten it") from None
 
 
+MAX_NESTING = 16  # levels of arrays and tables a job file's values may nest: its own use two
+
+
 def _check_numbers(data: dict[str, Any]) -> None:
     """Raise ValueError, as the parser does for a decimal one, at an integer past the digits Python writes
     out: TOML's hex, octal and binary integers are read whole however long, and the message naming the
-    field could not then show the value."""
-    todo: list[Any] = [data]
+    field could not then show the value. Raise RecursionError, as the parser does where the interpreter's
+    recursion limit stops it, past :data:`MAX_NESTING` levels: a program that raised that limit (importing
+    IPython raises it to 3000) would otherwise take nesting that another refuses."""
+    todo: list[tuple[Any, int]] = [(data, 0)]
     while todo:
-        value = todo.pop()
+        value, depth = todo.pop()
+        if isinstance(value, dict | list) and depth > MAX_NESTING:
+            raise RecursionError(f"nested more than {MAX_NESTING} levels")
         if isinstance(value, dict):
-            todo.extend(value.values())
+            todo.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
-            todo.extend(value)
+            todo.extend((v, depth + 1) for v in value)
         elif isinstance(value, int):
             str(value)  # the ValueError that the caller turns into the one-line error
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tomllib
 
 import pytest
@@ -170,6 +171,22 @@ def test_a_file_the_parser_cannot_read_is_one_line_saying_what_to_fix(tmp_path, 
     with pytest.raises(ConfigError, match=message) as info:
         JobConfig.from_file(path)
     assert str(info.value).startswith(f"job file {path} ") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("limit", [1000, 3000], ids=["default", "raised"])
+@pytest.mark.parametrize("levels", [20, 1000])
+def test_nesting_is_refused_alike_whatever_the_interpreters_recursion_limit(tmp_path, limit, levels):
+    """The parser stops at the recursion limit, which a program may have raised (importing IPython, as the P4
+    targets' p4runtime-shell does, raises it to 3000): nesting past MAX_NESTING is refused either way."""
+    path = tmp_path / "job.toml"
+    path.write_bytes(GOOD.format(job="", worker="", extra="nested = " + "[" * levels + "]" * levels).encode())
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        with pytest.raises(ConfigError, match="nests arrays or tables too deep to read"):
+            JobConfig.from_file(path)
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def test_a_path_that_is_not_a_readable_file_says_so(tmp_path):
