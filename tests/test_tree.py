@@ -5,6 +5,7 @@ are the flat job's of the same ranks, bit for bit: the same integer sum, under t
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import numpy as np
@@ -473,3 +474,18 @@ def test_a_run_restarted_under_a_running_tree_gets_its_own_sums_at_every_level(i
     counters = [sw.counters()["jobs"] for sw in switches.values()]
     assert sum(c[j]["stale"] + c[j]["unexpected_result"] for c in counters for j in c) > 0, \
         "the old run's late packets reached the switches and were dropped there"
+
+
+def test_the_p4_targets_refuse_a_level_of_a_tree_saying_where_trees_run():
+    """The P4 programs serve no tree yet: a tree's job deployed there would sum its leaf's workers and multicast
+    a partial as if it were the result, so it is refused before anything is written."""
+    from switchagg.config import WorkerSpec
+    from switchagg.targets import p4job
+
+    t = TreeConfig.from_dict(parse_toml(tree_file(per_leaf=2, leaves=2), "the tree"))
+    for job in t.switch_jobs():
+        p4 = dataclasses.replace(job, switch=dataclasses.replace(job.switch, port=16711), workers=tuple(
+            WorkerSpec(w.address, "02:00:00:00:00:01", i) for i, w in enumerate(job.workers)))
+        with pytest.raises(ConfigError, match="level of a tree .*(target soft)"):
+            p4job.check_config(p4)
+        p4job.check_config(dataclasses.replace(p4, parent=None, spans=(), tree_size=0, rank_base=0))

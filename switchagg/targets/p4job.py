@@ -96,6 +96,10 @@ def check_config(cfg: JobConfig) -> None:
     missing = [r for r, w in enumerate(cfg.workers) if w.mac is None or w.switch_port is None]
     if missing:
         raise ConfigError(f"workers {missing} need 'mac' and 'switch_port' for the P4 target")
+    if cfg.parent is not None or cfg.spans or cfg.tree_size:
+        raise ConfigError(f"job {cfg.job_id} is a level of a tree ([parent] or [tree]), which the P4 programs do not "
+                          "serve yet (docs/protocol.md section 10): run a tree's switches as embedded switches "
+                          "(target soft)")
 
 
 def replica_instances(cfg: JobConfig) -> list[int]:
