@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--tree", metavar="LEAVESxWORKERS",
                       help="instead: a tree of switches (a spine over LEAVES leaves of WORKERS workers each) against "
                            "the same ranks on one switch and against gloo, under 0, 1 and 5%% real loss on every hop "
-                           "(root: namespaces and nftables; at most 32 ranks)")
+                           "(root: namespaces and nftables; at most 32 ranks, what the flat job holds)")
     p.add_argument("--workers", type=int, nargs="+",
                    help="worker processes (default 4; --link-rate takes several counts, default 4 8; --loss takes "
                         "--loss-workers)")

@@ -25,8 +25,8 @@ from .test_link_bench import _shows_quotient
     ("-1x4", "--tree '-1x4': write LEAVESxWORKERS"),
     ("0x4", "--tree 0x4: a switch has 1..32 children; give 1..32 leaves and 1..32 workers a leaf"),
     ("1x33", "--tree 1x33: a switch has 1..32 children"),
-    ("5x8", "--tree 5x8: 40 ranks, but a call's first packet carries two values per rank, so K = 64 holds at most "
-            "32 today: give at most 32 leaves x workers"),
+    ("5x8", "--tree 5x8: 40 ranks, but the flat job the bench compares the tree with holds at most 32 (one "
+            "switch's bitmap): give at most 32 leaves x workers"),
 ])
 def test_a_shape_the_bench_cannot_build_says_what_to_write(shape, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
