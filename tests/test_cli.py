@@ -231,7 +231,8 @@ def test_a_job_file_the_parser_cannot_read_is_one_line_and_exit_status_1(tmp_pat
     (["bench", "--link-rate", "500", "--link-burst", "3"], "--link-burst 3: give a run of 1 or more packets, with"),
     (["bench", "--tree", "2x4", "--rounds", "2", "--mib", "1"], "--rounds, --mib: `switchagg bench --tree` does not"),
     (["bench", "--loss", "--tree-loss", "1"], "--tree-loss: `switchagg bench --loss` does not use it"),
-    (["bench", "--tree", "5x8"], "--tree 5x8: 40 ranks, but a call's first packet carries two values per rank"),
+    (["bench", "--tree", "5x8"], "--tree 5x8: 40 ranks, but the flat job the bench compares the tree with holds "
+                                 "at most 32"),
     (["bench", "--tree", "2x4", "--tree-loss", "120"], "--tree-loss 120: a loss rate is a percentage from 0 to 99.9"),
 ])
 def test_flags_a_mode_ignores_are_refused(make_job, tmp_path, capsys, argv, message):
