@@ -37,13 +37,16 @@ import difflib
 import ipaddress
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .calls import parts
 from .errors import ConfigError
 from .wire import MAX_TREE_RANKS, MAX_VALUES_PER_PACKET, MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
+
+T = TypeVar("T")
 
 # "auto" asks first from this many workers on: where every worker resends, a lost contribution
 # costs all n a resend, (n + 1) / 2 per packet lost with lost results, more than 3 from 6 workers on
@@ -227,21 +230,7 @@ class JobConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> JobConfig:
         """Read a TOML job file; errors name the file and the field to fix."""
-        path = Path(path)
-        try:
-            text = path.read_bytes().decode("utf-8")  # TOML is UTF-8, whatever the locale says
-        except FileNotFoundError:
-            raise ConfigError(f"job file {path} does not exist") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"job file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as "
-                              "UTF-8, as TOML requires") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read job file {path}: {exc.strerror or exc}; give a readable file") from None
-        data = parse_toml(text, f"job file {path}")
-        try:
-            return cls.from_dict(data)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return build_from(path, read_toml(path, "job file"), cls.from_dict)
 
     @classmethod
     def from_toml(cls, text: str, what: str = "the job's TOML") -> JobConfig:
@@ -353,6 +342,30 @@ class JobConfig:
         path = Path(path)
         path.write_text(self.to_toml())
         return path
+
+
+def read_toml(path: str | Path, kind: str) -> dict[str, Any]:
+    """The TOML document in the file at ``path``, read as UTF-8; errors name it (``kind``: "job file") and say
+    what to fix."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")  # TOML is UTF-8, whatever the locale says
+    except FileNotFoundError:
+        raise ConfigError(f"{kind} {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{kind} {path} is not UTF-8 text (byte {exc.start}: {exc.reason}): save it as "
+                          "UTF-8, as TOML requires") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {kind} {path}: {exc.strerror or exc}; give a readable file") from None
+    return parse_toml(text, f"{kind} {path}")
+
+
+def build_from(path: str | Path, data: dict[str, Any], build: Callable[[dict[str, Any]], T]) -> T:
+    """``build(data)``, a file's document made a config, its errors naming the file."""
+    try:
+        return build(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def parse_toml(text: str, what: str) -> dict[str, Any]:

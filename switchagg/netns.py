@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import select
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -20,6 +21,18 @@ def sh(*argv: str, check: bool = True, ns: str | None = None) -> subprocess.Comp
     if check and proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
+
+
+def missing(bench: str, needs: str, tools: tuple[tuple[str, str], ...]) -> str | None:
+    """Why ``bench`` (its name in the sentence: "the loss bench") cannot build its namespaces here, or None: it
+    needs root (for ``needs``: "network namespaces and nftables") and each of ``tools``, (command, Debian
+    package)."""
+    if os.geteuid() != 0:
+        return f"{bench} needs root ({needs}): run it with sudo"
+    for tool, package in tools:
+        if shutil.which(tool) is None:
+            return f"{bench} needs `{tool}`: apt-get install {package}"
+    return None
 
 
 def add_namespace(name: str) -> None:

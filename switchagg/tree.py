@@ -44,9 +44,10 @@ from .config import (
     JobConfig,
     ParentSpec,
     WorkerSpec,
+    build_from,
     check_keys,
     get_key,
-    parse_toml,
+    read_toml,
     table_of,
 )
 from .errors import ConfigError
@@ -130,18 +131,7 @@ class TreeConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> TreeConfig:
         """Read a tree file; errors name the file and the field to fix."""
-        path = Path(path)
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"tree file {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read tree file {path} as UTF-8 text ({exc}): give a readable TOML "
-                              f"file") from None
-        try:
-            return cls.from_dict(parse_toml(text, f"tree file {path}"))
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return build_from(path, read_toml(path, "tree file"), cls.from_dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TreeConfig:
@@ -178,9 +168,5 @@ class TreeConfig:
 
 def load(path: str | Path) -> JobConfig | TreeConfig:
     """A job file, or a tree file (one with a [spine]): what ``switchagg deploy`` and ``undeploy`` take."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return JobConfig.from_file(path)  # which says what is wrong with the file
-    data = parse_toml(text, f"job file {path}")
-    return TreeConfig.from_file(path) if isinstance(data, dict) and "spine" in data else JobConfig.from_file(path)
+    data = read_toml(path, "job file")
+    return build_from(path, data, TreeConfig.from_dict if "spine" in data else JobConfig.from_dict)

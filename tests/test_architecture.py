@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "distributed.rendezvous", "distributed.hierarchy",
      "distributed.group", "distributed.fsdp", "distributed"),  # the worker's side
     ("worker", "demo", "ddp_demo", "benchmarks", "benchmarks.bmv2_vs_forwarding", "benchmarks.bmv2_instructions",
-     "benchmarks.loss", "benchmarks.links", "benchmarks.trees", "benchmarks.throughput", "benchmarks.training", "",
+     "benchmarks.tasks", "benchmarks.loss", "benchmarks.links", "benchmarks.trees", "benchmarks.throughput",
+     "benchmarks.training", "",
      "__main__", "switch"),  # programs
 )
 

@@ -43,26 +43,23 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import secrets
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, SwitchAggError
 from ..loopback import spawn_switch
 from ..wire import HEADER_SIZE, IP_UDP_OVERHEAD, default_slot_count, max_values_for_mtu
+from .tasks import TaskWorkers, serve
 
 PREFIX = "salk"
 SUBNET = "10.82.0"
@@ -76,7 +73,6 @@ MAX_K = max_values_for_mtu(MTU)  # the largest K whose packet is not fragmented:
 BURST_SECONDS = 0.001  # tbf's bucket: a millisecond of the rate,
 BURST_FLOOR = 128 << 10  # and at least this many bytes
 QUEUE_SECONDS = 0.005  # tbf's queue: 5 ms of the rate, or twice the largest switchagg window
-RESULT = "RESULT "  # a worker's answer to a task, on a line of its stdout
 
 
 def wire_overhead(k: int) -> float:
@@ -246,13 +242,10 @@ def teardown() -> None:
 def missing(loss: bool = False) -> str | None:
     """Why the link bench cannot run here (``loss``: with nftables' loss), or None. ``ethtool`` sets the links'
     offloads, which move the limit from the kernel's work per packet to the links' rate."""
-    if os.geteuid() != 0:
-        return "the link bench needs root (network namespaces and tc): run it with sudo"
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool"),
-                          *((("nft", "nftables"),) if loss else ())):
-        if shutil.which(tool) is None:
-            return f"the link bench needs `{tool}`: apt-get install {package}"
-    return None
+    from .. import netns
+
+    return netns.missing("the link bench", "network namespaces and tc", (
+        ("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool"), *((("nft", "nftables"),) if loss else ())))
 
 
 # ---- a worker --------------------------------------------------------------------------------------------
@@ -311,19 +304,15 @@ def _worker(rank: int, world: int) -> None:
 
     torch.set_num_threads(1)
     store = dist.TCPStore(_address(0), STORE_PORT, world, rank == 0, timedelta(seconds=120))
-    for line in sys.stdin:
-        try:
-            answer = _task(store, rank, world, json.loads(line))
-        except Exception:  # noqa: BLE001 - the parent reports it
-            answer = {"error": traceback.format_exc()}
-        print(RESULT + json.dumps(answer), flush=True)
+    serve(lambda task: _task(store, rank, world, task))
 
 
 # ---- the bench ---------------------------------------------------------------------------------------------
 
 
 class _Workers:
-    """The bed's switch and one worker process per rank, each in its namespace, fed tasks on stdin."""
+    """The bed's switch and one worker process per rank, each in its namespace, fed tasks on stdin
+    (:class:`~switchagg.benchmarks.tasks.TaskWorkers`)."""
 
     def __init__(self, n: int, workdir: Path) -> None:
         self.n = n
@@ -340,75 +329,40 @@ class _Workers:
                                                        f"{SWITCH_IP}:{CONTROL_PORT}", "--control-any-address"))
         except RuntimeError as exc:
             raise SwitchAggError(f"the switch did not start in namespace {_ns(None)}: {exc}") from None
-        self.logs = [workdir / f"w{r}.log" for r in range(n)]
-        self.procs: list[subprocess.Popen] = []
-        self.answers: queue.Queue[tuple[int, str | None]] = queue.Queue()
-        try:
-            for r in range(n):
-                with self.logs[r].open("w") as log:
-                    # each rank's node is its own namespace (they share the host's name)
-                    proc = subprocess.Popen(["ip", "netns", "exec", _ns(r), sys.executable, "-m",
-                                             "switchagg.benchmarks.links", str(r), str(n)],
-                                            env=dict(env, SWITCHAGG_NODE=_ns(r)), stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log, text=True)
-                self.procs.append(proc)
-                threading.Thread(target=self._read, args=(r, proc.stdout), daemon=True).start()
+        try:  # each rank's node is its own namespace (they share the host's name)
+            self.tasks = TaskWorkers(
+                [["ip", "netns", "exec", _ns(r), sys.executable, "-m", "switchagg.benchmarks.links", str(r), str(n)]
+                 for r in range(n)],
+                [dict(env, SWITCHAGG_NODE=_ns(r)) for r in range(n)], [workdir / f"w{r}.log" for r in range(n)],
+                "link bench")
         except BaseException:
-            self.kill()
+            self._stop_switch(kill=True)
             raise
-
-    def _read(self, rank: int, out: IO[str]) -> None:
-        for line in out:
-            if line.startswith(RESULT):
-                self.answers.put((rank, line[len(RESULT):]))
-        self.answers.put((rank, None))
 
     def run(self, task: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
         """Every rank's answer to ``task``; raises if one failed, died or did not answer within ``timeout``."""
-        for rank, proc in enumerate(self.procs):
-            try:
-                proc.stdin.write(json.dumps(task) + "\n")  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-            except BrokenPipeError:
-                raise SwitchAggError(f"link bench worker {rank} exited before {task['tag']}: "
-                                     f"{self.logs[rank].read_text()[-2000:]}") from None
-        got: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + timeout
-        while len(got) < self.n:
-            try:
-                rank, text = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise SwitchAggError(f"the link bench's workers did not finish {task['tag']} within {timeout:.0f} s "
-                                     f"(ranks {sorted(set(range(self.n)) - set(got))} did not answer)") from None
-            if text is None:
-                raise SwitchAggError(f"link bench worker {rank} exited during {task['tag']}: "
-                                     f"{self.logs[rank].read_text()[-2000:]}")
-            got[rank] = json.loads(text)
-            if "error" in got[rank]:
-                raise SwitchAggError(f"link bench worker {rank} failed in {task['tag']}: {got[rank]['error'][-2000:]}")
-        return [got[r] for r in range(self.n)]
+        return self.tasks.run([task] * self.n, timeout)
 
     def close(self) -> None:
-        for proc in self.procs:
-            proc.stdin.close()  # type: ignore[union-attr]
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self.tasks.close()
+        self._stop_switch(kill=False)
+
+    def kill(self) -> None:
+        """Stop every process now (after an error: a rank may wait in a collective for the others)."""
+        self.tasks.kill()
+        self._stop_switch(kill=True)
+
+    def _stop_switch(self, kill: bool) -> None:
+        if kill:
+            self.switch.kill()
+            self.switch.wait()
+            return
         self.switch.terminate()
         try:
             self.switch.wait(10)
         except subprocess.TimeoutExpired:
             self.switch.kill()
             self.switch.wait()
-
-    def kill(self) -> None:
-        """Stop every process now (after an error: a rank may wait in a collective for the others)."""
-        for proc in [*self.procs, self.switch]:
-            proc.kill()
-            proc.wait()
 
 
 class Run(NamedTuple):

@@ -42,7 +42,6 @@ import hashlib
 import itertools
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +68,7 @@ RANDOM_MAX = 1 << 18  # values in its largest call, and in the growing sequence'
 RANDOM_SEED = 27
 GROWING_PASSES = 2  # times the growing sequence climbs from 1 value to RANDOM_MAX
 GSO = "gso"  # the run length of the bed whose links keep the kernel's offloads
+NETNS_TOOLS = (("ip", "iproute2"), ("nft", "nftables"), ("ethtool", "ethtool"))  # what a lossy bed runs
 RUN_LIMIT = 1800  # s a run may take before the bench calls it failed and goes on
 
 Runs = int | str  # a bed's run length: the packets a drop takes (1, or N in a row), or GSO
@@ -388,12 +388,9 @@ def _exact(runs: list[dict[str, np.ndarray]], lossless: list[dict[str, np.ndarra
 
 def missing() -> str | None:
     """Why the loss bench cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "the loss bench needs root (network namespaces and nftables): run it with sudo"
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("ethtool", "ethtool")):
-        if shutil.which(tool) is None:
-            return f"the loss bench needs `{tool}`: apt-get install {package}"
-    return None
+    from .. import netns
+
+    return netns.missing("the loss bench", "network namespaces and nftables", NETNS_TOOLS)
 
 
 def run_loss_bench(*, worker_counts: tuple[int, ...] = (4, 7), rates: tuple[float, ...] = RATES,

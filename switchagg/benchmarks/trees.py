@@ -46,22 +46,17 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
-import queue
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,7 +67,8 @@ from ..loopback import spawn_switch
 from ..tree import LeafSpec, TreeConfig
 from ..wire import MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 from .links import stopped_by_sigterm
-from .loss import digest, drop_match, own_prefix, teardown
+from .loss import NETNS_TOOLS, digest, drop_match, own_prefix, teardown
+from .tasks import TaskWorkers, serve
 
 PREFIX = "stb"  # a bench's namespaces: stb<its process id>-spine, -l<leaf>, -w<rank>
 TABLE = "satb"  # the nftables table of the drop rules, in every namespace
@@ -88,7 +84,6 @@ DUP = 1  # percent of the workers' sends duplicated at the highest rate
 VALUES = 1 << 18  # float32 and int32 values of each call
 REPS = 3
 TASK_LIMIT = 600.0  # s every rank may take for one side's calls
-RESULT = "RESULT "  # a worker's answer to a task, on a line of its stdout
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -263,11 +258,11 @@ class Bed:
 
 def missing() -> str | None:
     """Why the tree bench cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "the tree bench needs root (network namespaces and nftables): run it with sudo"
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("ethtool", "ethtool")):
-        if shutil.which(tool) is None:
-            return f"the tree bench needs `{tool}`: apt-get install {package}"
+    from .. import netns
+
+    bed = netns.missing("the tree bench", "network namespaces and nftables", NETNS_TOOLS)
+    if bed is not None:
+        return bed
     if importlib.util.find_spec("torch") is None:
         return "the tree bench runs gloo beside the switches: pip install 'switchagg[torch]'"
     return None
@@ -324,98 +319,30 @@ def _gloo(rank: int, task: dict[str, Any], store: Any) -> dict[str, Any]:
 def _worker(rank: int) -> None:
     """Answer every task on stdin with a line on stdout; the store for gloo made at its first task."""
     store = None
-    for line in sys.stdin:
-        task = json.loads(line)
-        try:
-            if task["kind"] == "gloo":
-                if store is None:
-                    import torch
-                    import torch.distributed as dist
 
-                    torch.set_num_threads(1)
-                    store = dist.TCPStore(task["store"], STORE_PORT, task["ranks"], rank == 0,
-                                          timedelta(seconds=TASK_LIMIT))
-                answer = _gloo(rank, task, store)
-            else:
-                answer = _switchagg(rank, task)
-        except Exception:  # noqa: BLE001 - the bench reports it
-            answer = {"error": traceback.format_exc()}
-        print(RESULT + json.dumps(answer), flush=True)
+    def answer(task: dict[str, Any]) -> dict[str, Any]:
+        nonlocal store
+        if task["kind"] != "gloo":
+            return _switchagg(rank, task)
+        if store is None:
+            import torch
+            import torch.distributed as dist
+
+            torch.set_num_threads(1)
+            store = dist.TCPStore(task["store"], STORE_PORT, task["ranks"], rank == 0, timedelta(seconds=TASK_LIMIT))
+        return _gloo(rank, task, store)
+
+    serve(answer)
 
 
 # ---- the bench ---------------------------------------------------------------------------------------------
 
 
-class _Workers:
-    """One worker process per rank, each in its namespace, fed tasks on stdin, for the whole bench."""
-
-    def __init__(self, bed: Bed, workdir: Path, env: dict[str, str]) -> None:
-        self.n = bed.ranks
-        self.logs = [workdir / f"w{r}.log" for r in range(self.n)]
-        self.procs: list[subprocess.Popen] = []
-        self.answers: queue.Queue[tuple[int, str | None]] = queue.Queue()
-        try:
-            for r in range(self.n):
-                with self.logs[r].open("w") as log:
-                    proc = subprocess.Popen(["ip", "netns", "exec", bed.worker(r), sys.executable, "-m",
-                                             "switchagg.benchmarks.trees", str(r)],
-                                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                            text=True)
-                self.procs.append(proc)
-                threading.Thread(target=self._read, args=(r, proc.stdout), daemon=True).start()
-        except BaseException:
-            self.kill()
-            raise
-
-    def _read(self, rank: int, out: IO[str]) -> None:
-        for line in out:
-            if line.startswith(RESULT):
-                self.answers.put((rank, line[len(RESULT):]))
-        self.answers.put((rank, None))
-
-    def run(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every rank's answer to its task; raises if one failed, died or did not answer within TASK_LIMIT."""
-        tag = tasks[0]["tag"]
-        for rank, (proc, task) in enumerate(zip(self.procs, tasks, strict=True)):
-            try:
-                proc.stdin.write(json.dumps(task) + "\n")  # type: ignore[union-attr]
-                proc.stdin.flush()  # type: ignore[union-attr]
-            except BrokenPipeError:
-                raise SwitchAggError(f"tree bench worker {rank} exited before {tag}: {self._log(rank)}") from None
-        got: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + TASK_LIMIT
-        while len(got) < self.n:
-            try:
-                rank, text = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise SwitchAggError(f"the tree bench's workers did not finish {tag} within {TASK_LIMIT:.0f} s "
-                                     f"(ranks {sorted(set(range(self.n)) - set(got))} did not answer)") from None
-            if text is None:
-                raise SwitchAggError(f"tree bench worker {rank} exited during {tag}: {self._log(rank)}")
-            got[rank] = json.loads(text)
-            if "error" in got[rank]:
-                raise SwitchAggError(f"tree bench worker {rank} failed in {tag}: {got[rank]['error'][-2000:]}")
-        return [got[r] for r in range(self.n)]
-
-    def _log(self, rank: int) -> str:
-        return self.logs[rank].read_text()[-2000:]
-
-    def close(self) -> None:
-        """Let every worker finish (stdin closed), killing any that does not within 10 s."""
-        for proc in self.procs:
-            proc.stdin.close()  # type: ignore[union-attr]
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def kill(self) -> None:
-        """Stop every worker now (after an error: a rank may wait in a call for the others)."""
-        for proc in self.procs:
-            proc.kill()
-            proc.wait()
+def _workers(bed: Bed, workdir: Path, env: dict[str, str]) -> TaskWorkers:
+    """One worker process per rank, each in its namespace, for the whole bench."""
+    return TaskWorkers([["ip", "netns", "exec", bed.worker(r), sys.executable, "-m", "switchagg.benchmarks.trees",
+                         str(r)] for r in range(bed.ranks)],
+                       [env] * bed.ranks, [workdir / f"w{r}.log" for r in range(bed.ranks)], "tree bench")
 
 
 @contextmanager
@@ -478,15 +405,15 @@ class Row(NamedTuple):
         return what
 
 
-def _side(bed: Bed, workers: _Workers, tasks: list[dict[str, Any]]) -> Run:
+def _side(bed: Bed, workers: TaskWorkers, tasks: list[dict[str, Any]]) -> Run:
     before = bed.drops()
-    answers = workers.run(tasks)
+    answers = workers.run(tasks, TASK_LIMIT)
     marks = np.max([a["marks"] for a in answers], axis=0)  # the last rank's end of each call
     return Run(float(marks[-1] - marks[0]) / (len(marks) - 1) * 1e3, sum(a["resent"] for a in answers),
                bed.drops() - before, all(a["exact"] for a in answers), [a["floats"] for a in answers])
 
 
-def _rate(bed: Bed, workers: _Workers, workdir: Path, env: dict[str, str], rate: float, common: dict[str, Any],
+def _rate(bed: Bed, workers: TaskWorkers, workdir: Path, env: dict[str, str], rate: float, common: dict[str, Any],
           gloo: Run | None) -> Row:
     """Every side at one rate (gloo only if it has not run yet), on switches started for it."""
     tag = f"{rate:g}pct"
@@ -553,7 +480,7 @@ def _build(leaves: int, per_leaf: int, prefix: str) -> Bed:
 def _bench(bed: Bed, rates: Sequence[float], common: dict[str, Any], env: dict[str, str]) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        workers = _Workers(bed, Path(tmp), env)
+        workers = _workers(bed, Path(tmp), env)
         try:
             for rate in rates:
                 bed.impair(rate, DUP if rate == max(rates) and rate else 0)
