@@ -389,7 +389,7 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
         counters[BAD_OWNER]++;
         return 0;
     }
-    if ((type == TYPE_CONTRIB && count != job->k) || (type == TYPE_RESULT && count && count != job->k)) {
+    if ((type == TYPE_CONTRIB && count != job->k) || (type == TYPE_RESULT && count != job->k && (count || !(flags & FLAG_OWNER)))) {
         counters[BAD_COUNT]++;
         return 0;
     }

@@ -723,6 +723,16 @@ def test_a_parents_result_of_another_k_is_dropped_by_the_job(leaf):
     assert jc(leaf)["bad_count"] == 1 and leaf.registers(0).count == 3
 
 
+def test_a_parents_header_alone_without_an_owner_is_dropped_and_the_copy_still_awaits(leaf):
+    """An allreduce's sum is whole on every branch: a leaf that took a bare header would answer its children's
+    repeats with its own partial."""
+    for w in range(3):
+        leaf.process(pkt(w, 5, [1] * K), src(w))
+    assert leaf.process(from_parent(5, None), PARENT.address) == []
+    assert jc(leaf)["bad_count"] == 1 and leaf.registers(0).count == 3
+    assert len(leaf.process(from_parent(5, [7] * K), PARENT.address)) == 3
+
+
 def test_an_owned_chunk_goes_whole_down_the_owners_branch_alone(model):
     """A spine whose children are switches over 2, 1 and 3 ranks (tree ranks 0..5): rank 4 is under child 2."""
     spine = model(num_slots=16)

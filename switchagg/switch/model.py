@@ -169,7 +169,9 @@ class SwitchModel:
         if h.type == PacketType.QUERY:
             return self._query(h, src, job, counters)
         if h.type == PacketType.RESULT:  # a parent's sum: whole, or its header alone where the owner is elsewhere
-            if h.count not in (0, job.values_per_packet):
+            # the header alone only for a chunk whose owner is under another switch (FLAG_OWNER): an allreduce's
+            # sum is whole on every branch
+            if h.count != job.values_per_packet and (h.count or not h.flags & FLAG_OWNER):
                 counters[JobCounter.BAD_COUNT] += 1
                 return []
             return self._from_parent(h, values_of(data, h.count), job, counters)
