@@ -68,7 +68,7 @@ LOSS_RECOVERY = {
 SWITCH_KEYS = ("address", "control")
 JOB_KEYS = ("id", "key", "slot_base", "slot_count", "values_per_packet", "loss_recovery", "generation")
 WORKER_KEYS = ("address", "mac", "switch_port")
-PARENT_KEYS = ("address", "job", "index", "key")
+PARENT_KEYS = ("address", "job", "index", "key", "mac", "switch_port")
 TREE_KEYS = ("rank_base", "size", "spans")
 
 # Tables a target reads from the job file, beside [switch], [job] and [[workers]], with their keys:
@@ -122,12 +122,15 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class ParentSpec:
     """A tree's parent switch of this job (``[parent]``): where its partial sums go, as child ``index`` of
-    the parent's job ``job`` under that job's ``key``."""
+    the parent's job ``job`` under that job's ``key``; for a P4 switch, also the parent's Ethernet
+    address and the port it hangs off, as a worker's."""
 
     address: Endpoint
     job: int
     index: int
     key: int
+    mac: str | None = None
+    switch_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,7 @@ class JobConfig:
             _check_range("parent.job", self.parent.job, 0, 0xFFFF)
             _check_range("parent.index", self.parent.index, 0, MAX_WORKERS - 1)
             _check_range("parent.key", self.parent.key, 0, 0xFFFFFFFF)
+            _check_link("parent", self.parent.mac, self.parent.switch_port)
         _check_range("tree.rank_base", self.rank_base, 0, MAX_TREE_RANKS - 1)
         _check_range("tree.size", self.tree_size, 0, MAX_TREE_RANKS)
         if not isinstance(self.spans, tuple) or (self.spans and len(self.spans) != len(self.workers)):
@@ -294,7 +298,8 @@ class JobConfig:
             extra=extra,
             parent=None if parent is None else ParentSpec(
                 Endpoint.parse(get_key(parent, "address", "parent"), "parent.address"),
-                get_key(parent, "job", "parent"), get_key(parent, "index", "parent"), get_key(parent, "key", "parent")),
+                get_key(parent, "job", "parent"), get_key(parent, "index", "parent"), get_key(parent, "key", "parent"),
+                parent.get("mac"), parent.get("switch_port")),
             rank_base=tree.get("rank_base", 0),
             tree_size=tree.get("size", 0),
             spans=tuple(spans),
@@ -332,6 +337,10 @@ class JobConfig:
             p = self.parent
             lines += ["", "[parent]", f'address = "{p.address}"', f"job = {p.job}", f"index = {p.index}",
                       f"key = {p.key:#x}"]
+            if p.mac:
+                lines.append(f'mac = "{p.mac}"')
+            if p.switch_port is not None:
+                lines.append(f"switch_port = {p.switch_port}")
         if self.rank_base or self.tree_size or self.spans:
             lines += ["", "[tree]", f"rank_base = {self.rank_base}", f"size = {self.tree_size}"]
             if self.spans:
@@ -460,14 +469,19 @@ def _check_worker(rank: int, w: WorkerSpec) -> None:
     """A worker's fields: its address an Endpoint, and what the P4 targets need, where given, well formed."""
     if not isinstance(w, WorkerSpec) or not isinstance(w.address, Endpoint):
         raise ConfigError(f"workers[{rank}] = {w!r}: give a WorkerSpec with an Endpoint address")
-    if w.mac is not None:
-        if not isinstance(w.mac, str) or not _MAC.fullmatch(w.mac):
-            raise ConfigError(f"workers[{rank}].mac = {w.mac!r}: write six hex bytes, e.g. \"02:5a:00:00:00:01\"")
-        if int(w.mac[:2], 16) & 1:
-            raise ConfigError(f"workers[{rank}].mac = {w.mac!r} is a multicast address: give the worker's own "
+    _check_link(f"workers[{rank}]", w.mac, w.switch_port)
+
+
+def _check_link(where: str, mac: str | None, switch_port: int | None) -> None:
+    """What the P4 targets need of a host or a parent switch, where given, well formed."""
+    if mac is not None:
+        if not isinstance(mac, str) or not _MAC.fullmatch(mac):
+            raise ConfigError(f"{where}.mac = {mac!r}: write six hex bytes, e.g. \"02:5a:00:00:00:01\"")
+        if int(mac[:2], 16) & 1:
+            raise ConfigError(f"{where}.mac = {mac!r} is a multicast address: give the host's own "
                               "(unicast) Ethernet address")
-    if w.switch_port is not None:
-        _check_range(f"workers[{rank}].switch_port", w.switch_port, 0, MAX_SWITCH_PORT)
+    if switch_port is not None:
+        _check_range(f"{where}.switch_port", switch_port, 0, MAX_SWITCH_PORT)
 
 
 def get_key(table: dict[str, Any], key: str, where: str) -> Any:

@@ -17,7 +17,7 @@ import pytest
 
 from bmv2_env.testbed import TestBed, missing_prerequisites
 from switchagg import netns
-from switchagg.config import Endpoint, JobConfig, WorkerSpec
+from switchagg.config import Endpoint, JobConfig, ParentSpec, WorkerSpec
 from switchagg.frames import mac_bytes
 from switchagg.switch.model import JobEntry, SwitchModel
 from switchagg.targets import p4job
@@ -28,7 +28,8 @@ from .conftest import need
 
 pytestmark = pytest.mark.bmv2
 K = 64
-FOREIGN = 9  # the host that no job admits
+FOREIGN = 9  # the host that no job admits as a worker: the tree jobs' parent switch (PARENT_PORT) is there
+PARENT_PORT = 16711
 
 
 class Differential:
@@ -116,6 +117,8 @@ def diff():
         d.deploy(bed.job([2, 3, 4, 5, 6], job_id=3, slot_base=12, slot_count=4, port_base=42000))
         d.deploy(shared_port_job(bed))
         d.deploy(bed.job([8], job_id=5, slot_base=18, slot_count=2, port_base=44000))  # one worker
+        for cfg in tree_jobs(bed):
+            d.deploy(cfg)
         yield d
         for s in d.socks:
             s.close()
@@ -130,6 +133,30 @@ def shared_port_job(bed: TestBed) -> JobConfig:
     shared = [WorkerSpec(Endpoint(bed.host_ip(7), 43000 + rank), mac=bed.host_mac(7), switch_port=7)
               for rank in range(2)]
     return dataclasses.replace(cfg, workers=(*shared, *cfg.workers))
+
+
+def tree_jobs(bed: TestBed) -> list[JobConfig]:
+    """Levels of trees (docs/protocol.md section 10), their parent switch on host FOREIGN: job 6, a leaf of three
+    workers holding tree ranks 4..6 of 9, child 2 of the parent's job 40; job 7, a leaf of one worker, child 0 of
+    job 41; job 8, a spine whose three children (switches, here hosts) hold 2, 1 and 3 ranks."""
+    parent = Endpoint(bed.host_ip(FOREIGN), PARENT_PORT)
+    up = {"mac": bed.host_mac(FOREIGN), "switch_port": FOREIGN}
+    return [dataclasses.replace(bed.job([2, 3, 4], job_id=6, slot_base=20, slot_count=4, port_base=45000),
+                                parent=ParentSpec(parent, 40, 2, 0xFACE, **up), rank_base=4, tree_size=9),
+            dataclasses.replace(bed.job([8], job_id=7, slot_base=24, slot_count=2, port_base=46000),
+                                parent=ParentSpec(parent, 41, 0, 0xFACF, **up), rank_base=3, tree_size=4),
+            dataclasses.replace(bed.job([5, 6, 7], job_id=8, slot_base=26, slot_count=4, port_base=47000),
+                                spans=(2, 1, 3))]
+
+
+def from_parent(d: Differential, job_id: int, chunk: int, values=None, *, slot: int = 0, copy: int = 0,
+                exponent: int = 4, **override) -> tuple[int, bytes, tuple[str, int]]:
+    """The parent's RESULT for tree job ``job_id`` (``values`` None: its header alone), from host FOREIGN."""
+    up = d.jobs[job_id].parent
+    vals = np.zeros(0) if values is None else np.asarray(values)
+    h = make_header(PacketType.RESULT, job=up.job, worker=up.index, slot=slot, copy=copy, chunk=chunk,
+                    generation=d.generation(job_id), key=up.key, exponent=exponent, count=len(vals))
+    return FOREIGN, h._replace(**override).pack() + vals.astype(">i4").tobytes(), up.address.tuple
 
 
 def contrib(d: Differential, job_id: int, rank: int, chunk: int, *, slot: int = 0, copy: int = 0,
@@ -289,7 +316,9 @@ def test_other_frames_are_forwarded_unchanged_and_runts_dropped(diff):
     got, deadline = [], time.monotonic() + 1.0
     while time.monotonic() < deadline:
         got += [(h, f) for h, f in netns.incoming(diff.socks, 0.05) if f in sent]
-    flooded = sorted({w.switch_port for cfg in diff.jobs.values() for w in cfg.workers} - {0})
+    hosts = {w.switch_port for cfg in diff.jobs.values() for w in cfg.workers}
+    hosts |= {cfg.parent.switch_port for cfg in diff.jobs.values() if cfg.parent is not None}
+    flooded = sorted(hosts - {0})
     assert sorted(got) == sorted([(1, f) for f in (udp, tcp, fragment, options)] + [(h, arp) for h in flooded])
     assert diff.status(1) == before
 
@@ -547,3 +576,121 @@ def test_bmv2_writes_its_output_to_a_file_not_a_pipe(diff):
     assert bed.output.is_file()
     for fd in (1, 2):
         assert os.readlink(f"/proc/{bed._proc.pid}/fd/{fd}") == str(bed.output)
+
+
+def partial_up(d: Differential, job_id: int, out: list) -> np.ndarray:
+    """The one packet a leaf sent: a CONTRIB of its parent's job to the parent, as its child; its values."""
+    (host, _, dst, payload), = out
+    up = d.jobs[job_id].parent
+    h = unpack_header(payload)
+    assert (host, dst) == (FOREIGN, up.address.tuple)
+    assert (h.type, h.job, h.worker, h.key, h.count) == (PacketType.CONTRIB, up.job, up.index, up.key, K)
+    return np.frombuffer(payload[HEADER_SIZE:], ">i4")
+
+
+def test_a_leaf_sends_its_partial_up_and_the_parents_result_down(diff):
+    """Job 6 sends its three workers' sum up as child 2 of job 40; child 0's repeat while it is awaited sends it
+    again, another child's is a duplicate; the parent's RESULT goes down to every worker as job 6's, and repeats
+    are answered from it, which no later RESULT changes."""
+    run = {"slot": 1, "generation": 0x7EE1}
+    outs = [send(diff, contrib(diff, 6, r, 300, exponent=r, **run)) for r in range(3)]
+    assert outs[:2] == [[], []]
+    partial = partial_up(diff, 6, outs[2])
+    assert partial.tolist() == (np.arange(K) * 6 + 3 * 300).tolist()
+    assert send(diff, contrib(diff, 6, 1, 300, **run)) == []
+    assert partial_up(diff, 6, send(diff, contrib(diff, 6, 0, 300, **run))).tolist() == partial.tolist()
+    down = send(diff, from_parent(diff, 6, 300, np.arange(K) * 7, **run))
+    assert ranks_served(diff, 6, down) == {0: K, 1: K, 2: K}
+    assert all(unpack_header(p).job == 6 and unpack_header(p).key == diff.jobs[6].key for *_, p in down)
+    assert ranks_served(diff, 6, send(diff, contrib(diff, 6, 1, 300, **run))) == {1: K}
+    assert send(diff, from_parent(diff, 6, 300, np.arange(K), **run)) == []  # unexpected: taken already
+    assert diff.status(6).counters["partials_resent"] == 1
+    diff.check_counters()
+
+
+def test_a_leaf_of_one_worker_sends_each_contribution_up(diff):
+    run = {"generation": 0x7EE2}
+    for chunk in (10, 11):
+        partial_up(diff, 7, send(diff, contrib(diff, 7, 0, chunk, **run)))
+        assert partial_up(diff, 7, send(diff, contrib(diff, 7, 0, chunk, **run)))[0] == chunk  # child 0: again
+        assert ranks_served(diff, 7, send(diff, from_parent(diff, 7, chunk, [chunk] * K, **run))) == {0: K}
+    diff.check_counters()
+
+
+def test_results_a_leaf_does_not_take(diff):
+    """From anyone but the parent as it names this leaf: malformed; the parent's contribution: not admitted; then the
+    job's checks, as a contribution's; and a result no copy awaits."""
+    run = {"slot": 2, "generation": 0x7EE3}
+    before = diff.status(6).counters
+    for r in range(3):
+        send(diff, contrib(diff, 6, r, 400, **run))
+    host, payload, src = from_parent(diff, 6, 400, [1] * K, **run)
+    for bad in (dict(src=(diff.bed.host_ip(8), PARENT_PORT)), dict(src=(src[0], PARENT_PORT + 1))):
+        assert diff.send(host, payload, **bad) == []
+    for bad in ({"worker": 1}, {"key": 0xFACF}, {"job": 41}, {"type": PacketType.CONTRIB}):
+        assert send(diff, from_parent(diff, 6, 400, [1] * K, **run, **bad)) == []
+    assert send(diff, from_parent(diff, 6, 400, None, **run)) == []  # its header alone, no owner: bad_count
+    assert send(diff, from_parent(diff, 6, 400, [1] * 3, **run)) == []  # another K
+    assert send(diff, from_parent(diff, 6, 400, [1] * K, **{**run, "generation": 0})) == []
+    assert send(diff, from_parent(diff, 6, 400, [1] * K, **{**run, "slot": 4})) == []
+    assert send(diff, from_parent(diff, 6, 400, [1] * K, flags=FLAG_OWNER, owner=9, **run)) == []  # 9 ranks
+    assert send(diff, from_parent(diff, 6, 401, [1] * K, **run)) == []  # another chunk
+    assert send(diff, from_parent(diff, 6, 400, [1] * K, copy=1, flags=1, **run)) == []  # the other copy
+    assert len(send(diff, from_parent(diff, 6, 400, [1] * K, **run))) == 3  # the one awaited
+    after = diff.status(6).counters
+    assert {c: after[c] - before[c] for c in ("unexpected_result", "bad_owner", "bad_count", "wrong_generation",
+                                              "slot_out_of_range", "results_from_parent")} == {
+        "unexpected_result": 2, "bad_owner": 1, "bad_count": 2, "wrong_generation": 1, "slot_out_of_range": 1,
+        "results_from_parent": 1}
+    diff.check_counters()
+
+
+def test_owned_chunks_go_whole_down_the_owners_branch_at_every_level(diff):
+    """Job 8's children hold ranks 0-1, 2 and 3-5: owner 4 is under child 2. Job 6 holds ranks 4-6: owner 5 is its
+    child 1; for owner 8, under another leaf, the parent sends the header alone, and so does the leaf."""
+    run = {"slot": 3, "generation": 0x7EE4}
+    outs = [send(diff, owned(diff, 8, r, 500, 4, **run)) for r in range(3)]
+    assert ranks_served(diff, 8, outs[-1]) == {0: 0, 1: 0, 2: K}
+    assert ranks_served(diff, 8, send(diff, owned(diff, 8, 0, 500, 4, **run))) == {0: 0}
+    assert ranks_served(diff, 8, send(diff, owned(diff, 8, 2, 500, 4, **run))) == {2: K}
+    for owner, chunk, sent in ((5, 501, [5] * K), (8, 502, None)):
+        for r in range(3):
+            out = send(diff, owned(diff, 6, r, chunk, owner, **run))
+        assert partial_up(diff, 6, out) is not None
+        down = send(diff, from_parent(diff, 6, chunk, sent, flags=FLAG_OWNER, owner=owner, **run))
+        assert ranks_served(diff, 6, down) == {0: 0, 1: K if sent else 0, 2: 0}
+        assert ranks_served(diff, 6, send(diff, owned(diff, 6, 1, chunk, owner, **run))) == {1: K if sent else 0}
+    diff.check_counters()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_seeded_random_tree_traffic_with_loss_duplication_reordering(diff, seed):
+    """A leaf's children's contributions and its parent's results (whole, its header alone, from a stranger, naming
+    another child, of a neighbouring chunk) lost, repeated and reordered."""
+    rng = random.Random(seed)
+    packets = []
+    base = 2000 + 100 * seed
+    for rnd in range(3):
+        for slot in range(4):
+            chunk = base + 4 * rnd + slot
+            mark = {"flags": FLAG_OWNER | rnd % 2, "owner": rng.choice([4, 5, 8])} if rnd == 1 else {}
+            for r in range(3):
+                p = contrib(diff, 6, r, chunk, slot=slot, copy=rnd % 2, values=[rng.randrange(-2**31, 2**31)
+                                                                                for _ in range(K)], **mark)
+                packets += [p] * rng.choice([0, 1, 1, 1, 2])
+            for _ in range(rng.choice([1, 2, 3])):
+                sent = [rng.randrange(-2**31, 2**31) for _ in range(K)] if not mark or rng.random() < 0.7 else None
+                kw, of = {}, chunk
+                roll = rng.random()
+                if roll < 0.1:
+                    kw = {"worker": 1}
+                elif roll < 0.2:
+                    of = chunk + rng.choice([-4, 4])
+                p = from_parent(diff, 6, of, sent, slot=slot, copy=rnd % 2, **mark, **kw)
+                if rng.random() < 0.1:
+                    p = (p[0], p[1], (diff.bed.host_ip(8), PARENT_PORT))
+                packets.append(p)
+    rng.shuffle(packets)
+    for p in packets:
+        send(diff, p)
+    diff.check_counters()

@@ -349,7 +349,7 @@ def test_an_owner_is_checked_after_the_slot_and_before_the_count():
     v1model = p4_block((P4 / "v1model" / "aggregation.p4").read_text(), "    apply {")
     assert v1model.lstrip().startswith(
         "if (hdr.vals.isValid() && hdr.sa.chunk_generation & SA_GENERATION_BITS != 0\n"
-        "                && hdr.sa.slot < hdr.local.job[63:48] && hdr.sa.owner_count[23:16] < hdr.local.job[39:32])")
+        "                && hdr.sa.slot < hdr.local.job[63:48] && hdr.sa.owner_count < hdr.local.owners)")
     steps = [step[1] for step in re.findall(r"\} else if \((.*?)\) \{\s*(?:/\*.*?\*/\s*)?(\w+)\(\);", v1model)]
     assert steps[steps.index("drop_slot_out_of_range"):][:3] == ["drop_slot_out_of_range", "drop_bad_owner", "read_tag"]
 

@@ -270,6 +270,17 @@ def test_a_tree_file_gives_every_switch_its_job_and_every_worker_its_leaf(tmp_pa
     assert cfg == leaves[1] and local == 1 and cfg.rank_of(local) == 4
 
 
+def test_a_leaf_file_names_its_parents_link_for_a_p4_switch_and_a_bad_one_is_refused():
+    text = tree_file(per_leaf=2, leaves=2)
+    leaf = TreeConfig.from_dict(parse_toml(text, "the tree")).switch_jobs()[1]
+    p4 = dataclasses.replace(leaf, parent=dataclasses.replace(leaf.parent, mac="02:00:00:00:00:09", switch_port=9))
+    assert JobConfig.from_toml(p4.to_toml()) == p4 and 'mac = "02:00:00:00:00:09"' in p4.to_toml()
+    for bad, says in (("mac = \"03:00:00:00:00:09\"", r"parent.mac = .* is a multicast address"),
+                      ("switch_port = 512", r"parent.switch_port = 512")):
+        with pytest.raises(ConfigError, match=says):
+            JobConfig.from_toml(leaf.to_toml().replace("[parent]\n", f"[parent]\n{bad}\n"))
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda text: text.replace("[spine]", "[spin]"), r"\[spin\] is not a table of a tree file"),
     (lambda text: text.replace("workers = [", "worker = ["), "leaves\\[0\\].worker is not a known key"),
@@ -476,9 +487,10 @@ def test_a_run_restarted_under_a_running_tree_gets_its_own_sums_at_every_level(i
         "the old run's late packets reached the switches and were dropped there"
 
 
-def test_the_p4_targets_refuse_a_level_of_a_tree_saying_where_trees_run():
-    """The P4 programs serve no tree yet: a tree's job deployed there would sum its leaf's workers and multicast
-    a partial as if it were the result, so it is refused before anything is written."""
+def test_the_tna_target_refuses_a_level_of_a_tree_and_bmv2_asks_for_the_parents_link():
+    """The TNA program serves no tree yet: a tree's job deployed there would sum its leaf's workers and multicast
+    a partial as if it were the result, so it is refused before anything is written. The v1model program serves
+    one, given where the parent hangs off the switch."""
     from switchagg.config import WorkerSpec
     from switchagg.targets import p4job
 
@@ -486,6 +498,13 @@ def test_the_p4_targets_refuse_a_level_of_a_tree_saying_where_trees_run():
     for job in t.switch_jobs():
         p4 = dataclasses.replace(job, switch=dataclasses.replace(job.switch, port=16711), workers=tuple(
             WorkerSpec(w.address, "02:00:00:00:00:01", i) for i, w in enumerate(job.workers)))
-        with pytest.raises(ConfigError, match="level of a tree .*(target soft)"):
+        with pytest.raises(ConfigError, match="level of a tree .*TNA.*(target bmv2 or soft)"):
             p4job.check_config(p4)
         p4job.check_config(dataclasses.replace(p4, parent=None, spans=(), tree_size=0, rank_base=0))
+        if p4.parent is None:
+            p4job.check_config(p4, trees=True)
+            continue
+        with pytest.raises(ConfigError, match=r"\[parent\] needs 'mac' and 'switch_port'"):
+            p4job.check_config(p4, trees=True)
+        p4job.check_config(dataclasses.replace(p4, parent=dataclasses.replace(
+            p4.parent, mac="02:00:00:00:00:09", switch_port=9)), trees=True)

@@ -17,6 +17,7 @@
  * into two temporaries (docs/protocol.md, section 8). */
 
 control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
+    Branch() branch;
     register<bit<64>, bit<32>>(SA_NUM_COPIES) tag;      /* chunk id ++ generation held by the copy */
     register<bit<64>, bit<32>>(SA_NUM_COPIES) workers;  /* workers counted: how many [39:32], which [31:0] */
     register<bit<8>, bit<32>>(SA_NUM_COPIES) exponent;  /* max proposed exponent (int8) */
@@ -36,8 +37,7 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_queries;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_to_owner;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_bad_owner;
-    /* A tree's events (docs/protocol.md section 10): the embedded switch counts them; this program serves no
-     * tree yet, so they stay 0 here, declared so that every target reads the same counters. */
+    /* A tree's events (docs/protocol.md section 10) */
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_partials_up;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_partials_resent;
     counter<bit<16>>(SA_NUM_JOB_IDS, CounterType.packets) job_results_from_parent;
@@ -144,6 +144,42 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         hdr.sa.version_type_flags_worker = hdr.sa.version_type_flags_worker ^ SA_CONTRIB_TO_RESULT;
         reply_to_sender();
     }
+    /* A tree's (docs/protocol.md section 10). The copy's sum goes up as one contribution of the parent's
+     * job through the uplink group (job [47:40], 128 + the job's group), whose one replica egress
+     * addresses to the parent (egress.p4, to_parent); the copy keeps it, count n (AWAITING). */
+    action partial_up() {
+        job_contributions.count(hdr.sa.job);
+        job_partials_up.count(hdr.sa.job);
+        std.mcast_grp = (bit<16>)hdr.local.job[47:40];
+    }
+    /* Child 0's repeat while the parent's sum is awaited: the stored partial up again. */
+    action resend_up() {
+        read_result();
+        job_partials_resent.count(hdr.sa.job);
+        std.mcast_grp = (bit<16>)hdr.local.job[47:40];
+    }
+    /* The parent's RESULT for a copy that awaits it: stored (count n + 1, HELD; the values where it
+     * has them, else the partial stays, which no child gets whole) and sent down to every child through
+     * the job's group (job [46:40]), as a finished sum is. */
+    action take_header() {
+        hdr.local.workers = hdr.local.workers + LOCAL_COUNT_ONE;
+        workers.write(hdr.local.idx, hdr.local.workers);
+        exponent.write(hdr.local.idx, hdr.sa.exponent);
+        job_results_from_parent.count(hdr.sa.job);
+        std.mcast_grp = (bit<16>)hdr.local.job[46:40];
+    }
+    action take_result() {
+        take_header();
+        values.write(hdr.local.idx, hdr.vals.values);
+    }
+    action read_count() {
+        workers.read(hdr.local.workers, hdr.local.idx);
+    }
+    action drop_unexpected_result() {
+        job_unexpected_result.count(hdr.sa.job);
+        mark_to_drop(std);
+    }
+
     /* A reduce-scatter's chunk repeated by a worker that does not own it: the result's header alone, with
      * the exponent kept (count 0, no values, K values' bytes fewer in both lengths, before the reply's
      * checksum is worked out). */
@@ -216,25 +252,42 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
         add_contribution();
         result_to_owner();
     }
+    action add_contribution_up() {
+        add_contribution();
+        partial_up();
+    }
+    action start_copy_up() {
+        start_copy();
+        partial_up();
+    }
 
     /* An admitted packet, with the same outcome as SwitchModel.process: the common case (a
      * contribution of K values of a run's generation, any but 0, to a slot of the job, its owner one
-     * of the job's ranks: 0 without FLAG_OWNER, which the parser checked) is tested first, each outcome is decided as soon as the stages before it allow, and the drop reasons are
-     * told apart only off that path, as is a query (of a run's generation and the job's slots: its
-     * checks are a contribution's but the count's), which reads the tag and the workers and writes
-     * nothing. A stale chunk stops after the tag stage, and sets no other field of hdr.local. The
-     * generation is not compared with the job's (hdr.local.job holds that for a probe's reply only):
-     * a run's session generation is the workers' choice, and the tag keeps runs apart. */
+     * of the tree's ranks: 0 without FLAG_OWNER, which the parser checked) is tested first, each
+     * outcome is decided as soon as the stages before it allow, and the drop reasons are told apart
+     * only off that path, as is a query (of a run's generation and the job's slots: its checks are a
+     * contribution's but the count's), which reads the tag and the workers and writes nothing, and a
+     * parent's RESULT. A stale chunk stops after the tag stage, and sets no other field of hdr.local.
+     * The generation is not compared with the job's (hdr.local.job holds that for a probe's reply
+     * only): a run's session generation is the workers' choice, and the tag keeps runs apart.
+     *
+     * In a tree (docs/protocol.md section 10) a copy's count says one more thing where the job has a
+     * parent: n, its partial sum, sent up and awaited (a completing contribution sends it up instead
+     * of down, and child 0's repeat sends it again); n + 1, the parent's result, which repeats are
+     * answered from. A job with no parent holds at most n. */
     apply {
         if (hdr.vals.isValid() && hdr.sa.chunk_generation & SA_GENERATION_BITS != 0
-                && hdr.sa.slot < hdr.local.job[63:48] && hdr.sa.owner_count[23:16] < hdr.local.job[39:32]) {
+                && hdr.sa.slot < hdr.local.job[63:48] && hdr.sa.owner_count < hdr.local.owners) {
             tag_stage();
             if (hdr.local.fresh == 1) {
                 if (hdr.local.job & LOCAL_COUNT_BITS == LOCAL_COUNT_ONE) {  /* a job of one worker */
-                    start_copy();
-                    if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
+                    if (hdr.local.job & LOCAL_PARENT != 0) {
+                        start_copy_up();
+                    } else if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
+                        start_copy();
                         result_to_all();
                     } else {
+                        start_copy();
                         result_to_owner();
                     }
                 } else {
@@ -245,17 +298,32 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             } else {
                 count_worker();
                 if (hdr.local.seen == 1) {
-                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS != 0) {
-                        drop_duplicate_pending();
-                    } else if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS != 0
-                               && hdr.sa.version_type_flags_worker[7:0] != hdr.sa.owner_count[23:16]) {
-                        header_to_sender();  /* a reduce-scatter's chunk, not this worker's */
+                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0
+                            && hdr.local.job & LOCAL_PARENT != 0) {  /* the partial is up, awaited */
+                        if (hdr.sa.version_type_flags_worker & SA_WORKER_BITS == 0) {
+                            resend_up();
+                        } else {
+                            drop_duplicate_pending();
+                        }
+                    } else if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS != 0
+                               && (hdr.local.workers - LOCAL_COUNT_ONE ^ hdr.local.job) & LOCAL_COUNT_BITS != 0) {
+                        drop_duplicate_pending();  /* neither n nor n + 1 */
+                    } else if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS != 0) {
+                        branch.apply(hdr);
+                        if (hdr.local.whole == 0) {
+                            header_to_sender();  /* a reduce-scatter's chunk whose owner is not under this child */
+                        } else {
+                            read_result();
+                            result_to_sender();
+                        }
                     } else {
                         read_result();
                         result_to_sender();
                     }
                 } else if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
-                    if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
+                    if (hdr.local.job & LOCAL_PARENT != 0) {
+                        add_contribution_up();
+                    } else if (hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0) {
                         add_contribution_to_all();
                     } else {
                         add_contribution_to_owner();
@@ -270,7 +338,34 @@ control Aggregation(inout headers_t hdr, inout standard_metadata_t std) {
             drop_wrong_generation();
         } else if (hdr.sa.slot >= hdr.local.job[63:48]) {
             drop_slot_out_of_range();
-        } else if (hdr.sa.owner_count[23:16] >= hdr.local.job[39:32]) {  /* not one of the job's ranks */
+        } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_RESULT << 16) {
+            /* the parent's (admission took it from no one else): the owner against the tree's ranks (the
+             * limit its entry keeps in job), the count (K, or the header alone for an owner elsewhere),
+             * then taken where the copy holds its chunk and awaits it (count n) */
+            if ((bit<64>)hdr.sa.owner_count >= hdr.local.job & LOCAL_OWNERS) {
+                drop_bad_owner();
+            } else if (!hdr.vals.isValid()
+                       && (hdr.sa.owner_count & SA_COUNT_BITS != 0
+                           || hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0)) {
+                drop_bad_count();
+            } else {
+                read_tag();
+                if (hdr.local.fresh == 0 && hdr.sa.chunk_generation == hdr.local.tag) {
+                    read_count();
+                    if ((hdr.local.workers ^ hdr.local.job) & LOCAL_COUNT_BITS == 0) {
+                        if (hdr.vals.isValid()) {
+                            take_result();
+                        } else {
+                            take_header();
+                        }
+                    } else {
+                        drop_unexpected_result();
+                    }
+                } else {
+                    drop_unexpected_result();
+                }
+            }
+        } else if (hdr.sa.owner_count >= hdr.local.owners) {  /* not one of the tree's ranks */
             drop_bad_owner();
         } else if (hdr.sa.version_type_flags_worker & SA_TYPE_BITS == (bit<32>)SA_TYPE_QUERY << 16) {
             read_tag();

@@ -12,6 +12,7 @@
 #include "include/headers.p4"
 #include "parser.p4"
 #include "validation.p4"
+#include "branch.p4"
 #include "aggregation.p4"
 #include "admission.p4"
 #include "forwarding.p4"

@@ -22,7 +22,8 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
          * flags, worker < 32, count and both lengths; an owner only with FLAG_OWNER): admission takes
          * a valid hdr.vals as that common case, with no further test but the owner's rank
          * (aggregation.p4). An allreduce's chunk (no owner) matches the first entry, a reduce-scatter's
-         * the second. */
+         * the second; a parent's RESULT of K values (docs/protocol.md section 10) the last two, which
+         * the common case never reaches. */
         transition select(hdr.sa.version_type_flags_worker, hdr.sa.owner_count, hdr.outer.head) {
             ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16
              &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
@@ -31,6 +32,18 @@ parser SaParser(packet_in pkt, out headers_t hdr, inout sa_metadata_t meta,
              (bit<336>)SA_CONTRIB_IP_BYTES << 192 | (bit<336>)SA_CONTRIB_UDP_BYTES << 16
              &&& OUTER_IP_LENGTH | OUTER_UDP_LENGTH): parse_values;
             ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16 | SA_OWNER_FLAG_BITS
+             &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
+                 | (bit<32>)~((bit<8>)SA_MAX_WORKERS - 1),
+             (bit<24>)SA_VALUES &&& SA_COUNT_BITS,
+             (bit<336>)SA_CONTRIB_IP_BYTES << 192 | (bit<336>)SA_CONTRIB_UDP_BYTES << 16
+             &&& OUTER_IP_LENGTH | OUTER_UDP_LENGTH): parse_values;
+            ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_RESULT << 16
+             &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
+                 | (bit<32>)~((bit<8>)SA_MAX_WORKERS - 1),
+             (bit<24>)SA_VALUES,
+             (bit<336>)SA_CONTRIB_IP_BYTES << 192 | (bit<336>)SA_CONTRIB_UDP_BYTES << 16
+             &&& OUTER_IP_LENGTH | OUTER_UDP_LENGTH): parse_values;
+            ((bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_RESULT << 16 | SA_OWNER_FLAG_BITS
              &&& SA_VERSION_BITS | SA_TYPE_BITS | (bit<32>)(bit<8>)~SA_FLAG_COPY << 8
                  | (bit<32>)~((bit<8>)SA_MAX_WORKERS - 1),
              (bit<24>)SA_VALUES &&& SA_COUNT_BITS,

@@ -1,8 +1,8 @@
 /* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
- * the parser found well formed (a probe, a query, a contribution of another K, or a malformed
- * packet), in SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its
- * switchagg header, so that admission skips it; a probe, a query or another K keeps it and goes on to
- * admission. */
+ * the parser found well formed (a probe, a query, a contribution of another K, a parent's RESULT of
+ * its header alone or of another K, or a malformed packet), in SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its
+ * switchagg header, so that admission skips it; a probe, a query, a RESULT or another K keeps it and goes
+ * on to admission (which takes a RESULT only from a parent, docs/protocol.md section 10). */
 
 control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
     action drop() {
@@ -38,13 +38,15 @@ control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<b
                        != 8 + (bit<32>)SA_HEADER_BYTES + ((bit<32>)hdr.sa.owner_count[15:0] << 2)  /* count */
                 || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
                     && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_PROBE
-                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_QUERY)
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_QUERY
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_RESULT)
                 || hdr.sa.version_type_flags_worker[15:8] & ~(SA_FLAG_COPY | SA_FLAG_OWNER) != 0
                 /* an owner without FLAG_OWNER */
                 || (hdr.sa.owner_count[23:16] != 0 && hdr.sa.version_type_flags_worker & SA_OWNER_FLAG_BITS == 0)
                 || hdr.sa.version_type_flags_worker[7:0] >= SA_MAX_WORKERS
                 /* a probe or a query with values */
-                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB && hdr.sa.owner_count[15:0] != 0)) {
+                || (hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_CONTRIB
+                    && hdr.sa.version_type_flags_worker[23:16] != SA_TYPE_RESULT && hdr.sa.owner_count[15:0] != 0)) {
             drop_malformed();
         }
     }

@@ -25,8 +25,10 @@ from .p4job import (
     FLOOD_GROUP,
     MAX_JOBS,
     NUM_SLOTS,
+    PARENT_FLAG,
     Admission,
     JobParams,
+    ParentAdmission,
     check_config,
     free_group,
     job_entry,
@@ -35,8 +37,11 @@ from .p4job import (
 )
 
 ADMISSION = "SaIngress.admission.admission"
+ADMIT, ADMIT_RESULT = "SaIngress.admission.admit", "SaIngress.admission.admit_result"
 REPLICA = "SaEgress.replica"
+BRANCHES = ("SaIngress.admission.aggregation.branch.branch", "SaEgress.branch.branch")  # one in each pipeline
 L2 = "SaIngress.forwarding.l2"
+TYPE_BIT_0 = 1 << 16  # the admission key's worker field: type bit 0, 1 for a worker's packets, 0 for a RESULT
 _lock = threading.Lock()
 
 
@@ -95,23 +100,31 @@ def _match(entry: Any, name: str) -> int:
     return int.from_bytes(entry.match[name].exact.value, "big")
 
 
-def _admission_entry(sh: Any, row: Admission) -> Any:
-    """A worker's entry: the job's id, the worker, its source address (in ``outer.head``) and the job's key."""
-    e = sh.TableEntry(ADMISSION)(action="SaIngress.admission.admit")
+def _admission_entry(sh: Any, row: Admission | ParentAdmission) -> Any:
+    """A worker's entry (the job's id, the worker, its source address in ``outer.head``, the job's key), or a
+    parent's (its job, this switch's index, its address and key), told apart by type bit 0 in the worker field."""
+    parent = isinstance(row, ParentAdmission)
+    e = sh.TableEntry(ADMISSION)(action=ADMIT_RESULT if parent else ADMIT)
     e.match["sa_valid"] = "1"
     e.match["hdr.sa.job"] = str(row.job_id)
-    e.match["worker"] = str(row.worker)
+    e.match["worker"] = str(row.worker if parent else TYPE_BIT_0 | row.worker)
     e.match["source"] = str(row.ip << 96 | row.port << 48)
     e.match["hdr.sa.key"] = str(row.key)
     e.action["slot_base"] = str(row.slot_base)
     e.action["job"] = str(row.params.pack())
+    if parent:
+        e.action["job_id"] = str(row.own_job)
+        e.action["key"] = str(row.own_key)
+    else:
+        e.action["owners"] = str(row.owners)
     return e
 
 
 def _admission_row(entry: Any) -> Admission:
     source = _match(entry, "source")
-    return Admission(_match(entry, "hdr.sa.job"), _match(entry, "worker"), source >> 96, source >> 48 & 0xFFFF,
-                     _match(entry, "hdr.sa.key"), _param(entry, "slot_base"), JobParams.unpack(_param(entry, "job")))
+    return Admission(_match(entry, "hdr.sa.job"), _match(entry, "worker") & ~TYPE_BIT_0, source >> 96,
+                     source >> 48 & 0xFFFF, _match(entry, "hdr.sa.key"), _param(entry, "slot_base"),
+                     JobParams.unpack(_param(entry, "job")), _param(entry, "owners"))
 
 
 def _install_l2(sh: Any, hosts: list[tuple[int, int]]) -> None:
@@ -132,9 +145,11 @@ def _install_l2(sh: Any, hosts: list[tuple[int, int]]) -> None:
 
 
 def _deployed(sh: Any) -> dict[int, tuple[list[Any], list[Admission]]]:
-    """Every deployed job's admission entries, as read and as rows, by job id."""
+    """Every deployed job's workers' admission entries, as read and as rows, by job id."""
     jobs: dict[int, tuple[list[Any], list[Admission]]] = {}
     for e in sh.TableEntry(ADMISSION).read():
+        if e.action.action_name == ADMIT_RESULT:
+            continue
         row = _admission_row(e)
         entries, rows = jobs.setdefault(row.job_id, ([], []))
         entries.append(e)
@@ -174,14 +189,15 @@ class Bmv2Target(Target):
         control plane here runs no timer): one given is refused, see :meth:`renew`."""
         if lease is not None:
             raise UnsupportedOperation(self._no_leases())
-        check_config(job)
+        check_config(job, trees=True)
         pipe = build(self.pipeline) if self.pipeline else None
         with self._session(pipe) as sh, _no_exit(f"deploying job {job.job_id}"):
             deployed = _deployed(sh)
             table = JobTable(NUM_SLOTS, MAX_JOBS, [job_entry(rows) for _, rows in deployed.values()])
             generation = job.generation or new_generation()
             table.check(JobEntry.from_config(job, generation))
-            rows = plan(job, free_group([rows[0].params for _, rows in deployed.values()], MAX_JOBS), generation)
+            rows = plan(job, free_group([rows[0].params for _, rows in deployed.values()], MAX_JOBS), generation,
+                        trees=True)
             _install_l2(sh, rows.hosts)
             group = sh.MulticastGroupEntry(rows.replicas[0].group)
             for r in rows.replicas:
@@ -194,8 +210,29 @@ class Bmv2Target(Target):
                 rw.action["version_type_worker"] = str(VERSION << 24 | PacketType.RESULT << 16 | r.worker)
                 rw.insert()
             group.insert()
+            if (up := rows.uplink) is not None:
+                rw = sh.TableEntry(REPLICA)(action="SaEgress.to_parent")
+                rw.match["std.mcast_grp"] = str(up.group)
+                rw.match["std.egress_port"] = str(up.port)
+                rw.match["std.egress_rid"] = "0"
+                rw.action["head"] = str(int.from_bytes(up.headers(), "big"))
+                rw.action["version_type_worker"] = str(up.version_type_worker())
+                rw.action["job"] = str(up.job_id)
+                rw.action["key"] = str(up.key)
+                rw.insert()
+                sh.MulticastGroupEntry(up.group).add(up.port, 0).insert()
+            for table in BRANCHES:
+                for b in rows.branches:
+                    e = sh.TableEntry(table)(action=table.rsplit(".", 1)[0] + ".ranks")
+                    e.match["hdr.sa.job"] = str(b.job_id)
+                    e.match["worker"] = str(b.worker)
+                    e.action["base"] = str(b.base)
+                    e.action["span"] = str(b.span)
+                    e.insert()
             for row in rows.admission:
                 _admission_entry(sh, row).insert()
+            if rows.parent is not None:
+                _admission_entry(sh, rows.parent).insert()
         return generation
 
     def reset(self, job_id: int) -> int:
@@ -213,11 +250,20 @@ class Bmv2Target(Target):
             entries, rows = self._job(sh, job_id)
             for e in entries:
                 e.delete()
-            group = rows[0].params.group
-            for e in sh.TableEntry(REPLICA).read():
-                if _match(e, "std.mcast_grp") == group:
+            for e in sh.TableEntry(ADMISSION).read():
+                if e.action.action_name == ADMIT_RESULT and _param(e, "job_id") == job_id:
                     e.delete()
-            sh.MulticastGroupEntry(group).delete()
+            params = rows[0].params
+            groups = {params.group, params.group | PARENT_FLAG} if params.parent else {params.group}
+            for e in sh.TableEntry(REPLICA).read():
+                if _match(e, "std.mcast_grp") in groups:
+                    e.delete()
+            for group in groups:
+                sh.MulticastGroupEntry(group).delete()
+            for table in BRANCHES:
+                for e in sh.TableEntry(table).read():
+                    if _match(e, "hdr.sa.job") == job_id:
+                        e.delete()
 
     def capacity(self) -> tuple[int, int | None]:
         return NUM_SLOTS, MAX_JOBS

@@ -62,6 +62,7 @@ header switchagg_packed_h {
 #define SA_TYPE_BITS       32w0x00ff0000
 #define SA_FLAGS_BITS      32w0x0000ff00
 #define SA_WORKER_BITS     32w0x000000ff
+#define SA_TYPE_BIT_0      32w0x00010000  /* 0 for a RESULT alone of the types admission sees (admission.p4) */
 #define SA_GENERATION_BITS 64w0x00000000ffffffff
 #define SA_OWNER_BITS      24w0xff0000  /* in owner_count */
 #define SA_COUNT_BITS      24w0x00ffff
