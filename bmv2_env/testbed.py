@@ -3,11 +3,14 @@
 Hosts are ``<prefix>h<i>`` with interface ``eth0`` (MAC 02:5a:00:00:<b>:<i+1>), on 10.77.<b>.0/24;
 the switch answers at 10.77.<b>.254 (its MAC is static in every host's neighbour table, since the
 P4 program answers no ARP). BMv2 runs here in the root namespace, gRPC on 127.0.0.1 only, its output
-(stdout and stderr) in a file under RUN_DIR.
+(stdout and stderr) in a file under RUN_DIR. :class:`TreeBed` joins several into two levels of a tree
+(docs/protocol.md section 10): leaf switches with their hosts, and a spine whose ports are the
+leaves' uplinks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchagg import netns
-from switchagg.config import Endpoint, JobConfig, WorkerSpec
+from switchagg.config import Endpoint, JobConfig, ParentSpec, WorkerSpec
 from switchagg.loopback import free_ports
 from switchagg.targets.p4c import Pipeline, build, find_tool
 
@@ -66,6 +69,7 @@ class TestBed:
     switch_binary: str | None = None  # another simple_switch_grpc build (default: the one on PATH)
     grpc_port: int = field(default_factory=free_tcp_port)
     thrift_port: int = field(default_factory=free_tcp_port)
+    links: dict[int, str] = field(default_factory=dict)  # switch ports past the hosts': port -> device, made by others
     _proc: subprocess.Popen | None = None
 
     @property
@@ -120,6 +124,8 @@ class TestBed:
         argv = [binary, "--no-p4", "--thrift-port", str(self.thrift_port)]
         for i in range(self.n_hosts):
             argv += ["-i", f"{i}@{self.port_dev(i)}"]
+        for port, dev in self.links.items():
+            argv += ["-i", f"{port}@{dev}"]
         if self.log:
             argv += ["--log-file", str(self.log), "--log-flush"]
         argv += ["--", "--grpc-server-addr", self.grpc_addr]
@@ -179,3 +185,73 @@ class TestBed:
     def exec(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
         """Start a command in host ``i``."""
         return subprocess.Popen(["ip", "netns", "exec", self.host(i), *argv], **kw)
+
+
+@dataclass
+class TreeBed:
+    """``leaves`` leaf BMv2 switches of ``per_leaf`` hosts each (``leaf[i]``, subnet ``subnet + 1 + i``) and a
+    spine BMv2 (subnet ``subnet``, no hosts): leaf i's port ``per_leaf`` is linked to the spine's port i by a veth
+    pair here in the root namespace. ``with TreeBed(...) as tree:`` builds and removes all of it."""
+
+    __test__ = False
+
+    leaves: int
+    per_leaf: int
+    prefix: str = "sat"
+    subnet: int = 80
+    leaf: list[TestBed] = field(default_factory=list)
+    spine: TestBed | None = None
+
+    def uplink_dev(self, i: int, end: str) -> str:
+        """Leaf i's uplink: its end at the leaf ("l") or at the spine ("s")."""
+        return f"{self.prefix}u{i}{end}"
+
+    def up(self) -> TreeBed:
+        self.down()
+        pipeline = build()
+        try:
+            for i in range(self.leaves):
+                netns.sh("ip", "link", "add", self.uplink_dev(i, "l"), "type", "veth", "peer", "name",
+                         self.uplink_dev(i, "s"))
+                for end in "ls":
+                    netns.quiet_link(self.uplink_dev(i, end))
+            self.spine = TestBed(0, prefix=f"{self.prefix}s", subnet=self.subnet, pipeline=pipeline,
+                                 links={i: self.uplink_dev(i, "s") for i in range(self.leaves)}).up()
+            self.leaf = []
+            for i in range(self.leaves):
+                self.leaf.append(TestBed(self.per_leaf, prefix=f"{self.prefix}{i}", subnet=self.subnet + 1 + i,
+                                         pipeline=pipeline, links={self.per_leaf: self.uplink_dev(i, "l")}).up())
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def jobs(self, *, job_id: int = 1, key: int = 0x7EE, slot_count: int = 16, generation: int = 0x7EE5
+             ) -> tuple[JobConfig, list[JobConfig]]:
+        """The spine's job (its children the leaves, each over ``per_leaf`` ranks) and each leaf's (its hosts, its
+        first tree rank, the spine as its parent), under one id, key and generation at every level."""
+        spine = self.spine
+        size = self.leaves * self.per_leaf
+        top = JobConfig(switch=Endpoint(spine.switch_ip, 16711), job_id=job_id, key=key, slot_base=0,
+                        slot_count=slot_count, values_per_packet=64, generation=generation,
+                        workers=tuple(WorkerSpec(Endpoint(leaf.switch_ip, 16711), mac=leaf.switch_mac, switch_port=i)
+                                      for i, leaf in enumerate(self.leaf)),
+                        spans=(self.per_leaf,) * self.leaves, tree_size=size)
+        up = dict(mac=spine.switch_mac, switch_port=self.per_leaf)
+        return top, [dataclasses.replace(
+            leaf.job(list(range(self.per_leaf)), job_id=job_id, key=key, slot_count=slot_count),
+            generation=generation, rank_base=i * self.per_leaf, tree_size=size,
+            parent=ParentSpec(top.switch, job_id, i, key, **up)) for i, leaf in enumerate(self.leaf)]
+
+    def down(self) -> None:
+        for bed in [*self.leaf, *([self.spine] if self.spine else [])]:
+            bed.down()
+        self.leaf, self.spine = [], None
+        for i in range(self.leaves):
+            netns.sh("ip", "link", "delete", self.uplink_dev(i, "l"), check=False)
+
+    def __enter__(self) -> TreeBed:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()

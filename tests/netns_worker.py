@@ -37,7 +37,7 @@ def serve(round_: Callable[[Client, JobConfig, int, int, int], dict[str, Any]]) 
 
 
 def allreduce_round(client: Client, cfg: JobConfig, rank: int, r: int, size: int) -> dict[str, Any]:
-    f, i = inputs(rank, r, size + r)
+    f, i = inputs(cfg.rank_of(rank), r, size + r)  # a tree's worker: its rank in the tree
     return {f"f{r}": client.allreduce(f), f"i{r}": client.allreduce(i)}
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""A two-level tree of BMv2 switches (docs/protocol.md section 10): two leaves of four workers each and a
+spine, every level deployed over P4Runtime, switchagg.Client workers in namespaces allreducing through
+all three, with and without nftables loss and duplication on the hosts' links. Required where CI found
+root and the toolchain.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bmv2_env.testbed import TreeBed, missing_prerequisites
+from switchagg import netns
+
+from .conftest import need
+from .impair import nft_impair
+from .netns_worker import inputs
+
+pytestmark = pytest.mark.bmv2
+ROOT = Path(__file__).resolve().parents[1]
+LEAVES, PER_LEAF, ROUNDS, SIZE = 2, 4, 2, 2000
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    need("bmv2", missing_prerequisites())
+    from switchagg.targets import bmv2
+
+    with TreeBed(LEAVES, PER_LEAF, prefix="sat") as bed:
+        spine, leaves = bed.jobs(slot_count=32)
+        for cfg, sw in ((spine, bed.spine), *zip(leaves, bed.leaf, strict=True)):
+            assert bmv2.Bmv2Target(sw.grpc_addr).deploy(cfg) == cfg.generation
+        paths = [cfg.write(tmp_path_factory.mktemp("job") / f"leaf{i}.toml") for i, cfg in enumerate(leaves)]
+        yield bed, spine, leaves, paths
+
+
+def run(bed: TreeBed, paths: list[Path], out: Path) -> dict[int, dict]:
+    """Every worker of every leaf allreduces ROUNDS times; what each got, by tree rank."""
+    out.mkdir()
+    procs = {}
+    for i, (leaf, path) in enumerate(zip(bed.leaf, paths, strict=True)):
+        for local in range(PER_LEAF):
+            rank = i * PER_LEAF + local
+            procs[rank] = leaf.exec(local, [sys.executable, "-m", "tests.netns_worker", str(path), str(local),
+                                            str(out / f"{rank}.npz"), str(ROUNDS), str(SIZE)],
+                                    cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True)
+    for p in procs.values():
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    return {rank: dict(np.load(out / f"{rank}.npz")) for rank in procs}
+
+
+def test_two_leaves_and_a_spine_of_bmv2_sum_eight_workers_exactly_even_with_loss(tree, tmp_path):
+    """Every rank gets the sum of all eight, bit for bit the same; under 5% loss and 5% duplication on every
+    host's link the same values again; each level counted its part: the spine summed two partials a chunk and
+    sent each leaf its result, each leaf sent up every partial it finished and took every result."""
+    from switchagg.targets import bmv2
+
+    bed, spine, leaves, paths = tree
+    ranks = LEAVES * PER_LEAF
+    clean = run(bed, paths, tmp_path / "clean")
+    for rnd in range(ROUNDS):
+        ints = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(ranks)], axis=0)
+        floats = np.sum([inputs(w, rnd, SIZE + rnd)[0].astype(np.float64) for w in range(ranks)], axis=0)
+        for r in range(ranks):
+            assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
+            assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
+            assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
+    top = bmv2.Bmv2Target(bed.spine.grpc_addr).status(spine.job_id).counters
+    below = [bmv2.Bmv2Target(leaf.grpc_addr).status(cfg.job_id).counters
+             for leaf, cfg in zip(bed.leaf, leaves, strict=True)]
+    assert top["results_multicast"] > 0 and top["contributions"] == LEAVES * top["results_multicast"]
+    for c in below:
+        assert c["partials_up"] == c["results_from_parent"] == top["results_multicast"]
+        assert c["results_multicast"] == 0 and c["unexpected_result"] == 0
+
+    for leaf in bed.leaf:
+        for h in range(PER_LEAF):
+            nft_impair(leaf.host(h), loss=5, dup=5, dup_to=leaf.switch_ip)
+    try:
+        lossy = run(bed, paths, tmp_path / "lossy")
+    finally:
+        for leaf in bed.leaf:
+            for h in range(PER_LEAF):
+                netns.sh("nft", "delete", "table", "ip", "sa", ns=leaf.host(h), check=False)
+    assert sum(int(r["timeouts"]) for r in lossy.values()) > 0
+    for r in range(ranks):
+        for key in clean[r]:
+            if key not in ("timeouts", "backend"):
+                assert np.array_equal(clean[r][key], lossy[r][key]), (r, key)
+
+
+def test_undeploying_every_level_leaves_each_switch_as_it_was(tree):
+    """Each level's entries go (admission, the parent's, owner branches, replicas, groups): the same jobs deploy
+    again on every switch."""
+    from switchagg.targets import bmv2
+
+    bed, spine, leaves, _ = tree
+    for cfg, sw in ((spine, bed.spine), *zip(leaves, bed.leaf, strict=True)):
+        target = bmv2.Bmv2Target(sw.grpc_addr)
+        target.undeploy(cfg.job_id)
+        assert target.jobs() == {}
+        target.deploy(cfg)
+        assert target.jobs() == {cfg.job_id: (cfg.slot_base, cfg.slot_count)}
