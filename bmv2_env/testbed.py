@@ -10,7 +10,6 @@ leaves' uplinks.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import socket
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchagg import netns
-from switchagg.config import Endpoint, JobConfig, ParentSpec, WorkerSpec
+from switchagg.config import Endpoint, JobConfig, WorkerSpec
 from switchagg.loopback import free_ports
 from switchagg.targets.p4c import Pipeline, build, find_tool
 
@@ -226,22 +225,20 @@ class TreeBed:
             raise
         return self
 
-    def jobs(self, *, job_id: int = 1, key: int = 0x7EE, slot_count: int = 16, generation: int = 0x7EE5
-             ) -> tuple[JobConfig, list[JobConfig]]:
-        """The spine's job (its children the leaves, each over ``per_leaf`` ranks) and each leaf's (its hosts, its
-        first tree rank, the spine as its parent), under one id, key and generation at every level."""
+    def tree_file(self, *, job_id: int = 1, key: int = 0x7EE, slot_count: int = 16) -> str:
+        """The tree file (switchagg.tree) of this bed: every level's P4Runtime address as its control, the
+        switches' Ethernet addresses and the ports of every link, as `switchagg deploy --target bmv2` takes it."""
         spine = self.spine
-        size = self.leaves * self.per_leaf
-        top = JobConfig(switch=Endpoint(spine.switch_ip, 16711), job_id=job_id, key=key, slot_base=0,
-                        slot_count=slot_count, values_per_packet=64, generation=generation,
-                        workers=tuple(WorkerSpec(Endpoint(leaf.switch_ip, 16711), mac=leaf.switch_mac, switch_port=i)
-                                      for i, leaf in enumerate(self.leaf)),
-                        spans=(self.per_leaf,) * self.leaves, tree_size=size)
-        up = dict(mac=spine.switch_mac, switch_port=self.per_leaf)
-        return top, [dataclasses.replace(
-            leaf.job(list(range(self.per_leaf)), job_id=job_id, key=key, slot_count=slot_count),
-            generation=generation, rank_base=i * self.per_leaf, tree_size=size,
-            parent=ParentSpec(top.switch, job_id, i, key, **up)) for i, leaf in enumerate(self.leaf)]
+        text = (f"[job]\nid = {job_id}\nkey = {key:#x}\nslot_count = {slot_count}\n\n"
+                f'[spine]\naddress = "{spine.switch_ip}:16711"\ncontrol = "{spine.grpc_addr}"\n'
+                f'mac = "{spine.switch_mac}"\n')
+        for i, leaf in enumerate(self.leaf):
+            workers = ",\n".join(f'  {{ address = "{w.address}", mac = "{w.mac}", switch_port = {w.switch_port} }}'
+                                 for w in leaf.job(list(range(self.per_leaf)), job_id=job_id).workers)
+            text += (f'\n[[leaves]]\naddress = "{leaf.switch_ip}:16711"\ncontrol = "{leaf.grpc_addr}"\n'
+                     f'mac = "{leaf.switch_mac}"\nuplink_port = {self.per_leaf}\nspine_port = {i}\n'
+                     f"workers = [\n{workers},\n]\n")
+        return text
 
     def down(self) -> None:
         for bed in [*self.leaf, *([self.spine] if self.spine else [])]:

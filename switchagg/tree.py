@@ -22,6 +22,12 @@ One TOML file names the whole tree (``docs/protocol.md`` section 10)::
     control = "10.9.2.1:16712"
     workers = ["10.2.0.1:40000", "10.2.0.2:40000"]
 
+On a P4 switch (BMv2) every level's ``control`` is its P4Runtime address, and the links need the
+Ethernet addresses and ports the P4 program writes into packets: ``mac`` of the spine and of each
+leaf, each leaf's ``uplink_port`` (its port towards the spine) and ``spine_port`` (the spine's towards
+it), and each worker as a table, ``{ address = "...", mac = "...", switch_port = 1 }``, as a job
+file's ``[[workers]]``.
+
 From it :class:`TreeConfig` makes every switch's job (:meth:`~TreeConfig.switch_jobs`: what
 ``switchagg deploy`` installs, the spine first so that no partial finds it missing) and each worker's
 view (:meth:`~TreeConfig.worker`: its leaf's job and its index there). Every level is installed under
@@ -40,6 +46,7 @@ from typing import Any
 
 from .config import (
     JOB_KEYS,
+    WORKER_KEYS,
     Endpoint,
     JobConfig,
     ParentSpec,
@@ -53,17 +60,21 @@ from .config import (
 from .errors import ConfigError
 from .wire import MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
 
-SPINE_KEYS = ("address", "control")
-LEAF_KEYS = ("address", "control", "workers")
+SPINE_KEYS = ("address", "control", "mac")
+LEAF_KEYS = ("address", "control", "workers", "mac", "uplink_port", "spine_port")
 
 
 @dataclass(frozen=True)
 class LeafSpec:
-    """One leaf switch: where it receives, its control port, and its workers (their tree ranks in order)."""
+    """One leaf switch: where it receives, its control port, and its workers (their tree ranks in order); for a
+    P4 switch, its Ethernet address and the ports of its link to the spine, at each end."""
 
     address: Endpoint
     control: Endpoint | None
-    workers: tuple[Endpoint, ...]
+    workers: tuple[WorkerSpec, ...]
+    mac: str | None = None
+    uplink_port: int | None = None
+    spine_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class TreeConfig:
     spine_control: Endpoint | None
     leaves: tuple[LeafSpec, ...]
     loss_recovery: str = "auto"
+    spine_mac: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.leaves) <= MAX_WORKERS:
@@ -102,15 +114,16 @@ class TreeConfig:
 
     def spine_job(self) -> JobConfig:
         """The spine's job: its children are the leaves, each over its workers' ranks."""
-        return self._job(self.spine, self.spine_control, tuple(WorkerSpec(leaf.address) for leaf in self.leaves),
+        return self._job(self.spine, self.spine_control,
+                         tuple(WorkerSpec(leaf.address, leaf.mac, leaf.spine_port) for leaf in self.leaves),
                          spans=tuple(len(leaf.workers) for leaf in self.leaves))
 
     def leaf_job(self, leaf: int) -> JobConfig:
         """Leaf ``leaf``'s job: its workers, its first tree rank, and the spine as its parent."""
         spec = self.leaves[leaf]
         base = sum(len(other.workers) for other in self.leaves[:leaf])
-        return self._job(spec.address, spec.control, tuple(WorkerSpec(w) for w in spec.workers),
-                         parent=ParentSpec(self.spine, self.job_id, leaf, self.key), rank_base=base)
+        return self._job(spec.address, spec.control, spec.workers, rank_base=base, parent=ParentSpec(
+            self.spine, self.job_id, leaf, self.key, self.spine_mac, spec.uplink_port))
 
     def switch_jobs(self, generation: int | None = None) -> list[JobConfig]:
         """Every switch's job, the spine's first (deploy it first: a leaf's partial then finds it there), each
@@ -156,14 +169,23 @@ class TreeConfig:
             specs.append(LeafSpec(Endpoint.parse(get_key(leaf, "address", f"leaves[{i}]"), f"leaves[{i}].address"),
                                   Endpoint.parse(leaf["control"], f"leaves[{i}].control") if "control" in leaf
                                   else None,
-                                  tuple(Endpoint.parse(w, f"leaves[{i}].workers[{j}]")
-                                        for j, w in enumerate(workers))))
+                                  tuple(_worker(w, f"leaves[{i}].workers[{j}]") for j, w in enumerate(workers)),
+                                  leaf.get("mac"), leaf.get("uplink_port"), leaf.get("spine_port")))
         k = job.get("values_per_packet", P4_VALUES_PER_PACKET)
         return cls(get_key(job, "id", "job"), get_key(job, "key", "job"), job.get("slot_base", 0),
                    job.get("slot_count", default_slot_count(k) if isinstance(k, int) else 0), k,
                    Endpoint.parse(get_key(spine, "address", "spine"), "spine.address"),
                    Endpoint.parse(spine["control"], "spine.control") if "control" in spine else None,
-                   tuple(specs), job.get("loss_recovery", "auto"))
+                   tuple(specs), job.get("loss_recovery", "auto"), spine.get("mac"))
+
+
+def _worker(w: Any, where: str) -> WorkerSpec:
+    """A leaf's worker: its 'IPv4:port' address, or a table with its address and, for a P4 switch, its link."""
+    if isinstance(w, dict):
+        check_keys(w, WORKER_KEYS, where)
+        return WorkerSpec(Endpoint.parse(get_key(w, "address", where), f"{where}.address"), w.get("mac"),
+                          w.get("switch_port"))
+    return WorkerSpec(Endpoint.parse(w, where))
 
 
 def load(path: str | Path) -> JobConfig | TreeConfig:

@@ -270,6 +270,54 @@ def test_a_tree_file_gives_every_switch_its_job_and_every_worker_its_leaf(tmp_pa
     assert cfg == leaves[1] and local == 1 and cfg.rank_of(local) == 4
 
 
+P4_TREE = """[job]
+id = 5
+key = 0x7ee
+slot_count = 16
+
+[spine]
+address = "10.80.0.254:16711"
+control = "127.0.0.1:9600"
+mac = "02:5a:00:00:50:fe"
+
+[[leaves]]
+address = "10.81.0.254:16711"
+control = "127.0.0.1:9601"
+mac = "02:5a:00:00:51:fe"
+uplink_port = 2
+spine_port = 0
+workers = [{ address = "10.81.0.1:40005", mac = "02:5a:00:00:51:01", switch_port = 0 },
+           { address = "10.81.0.2:40005", mac = "02:5a:00:00:51:02", switch_port = 1 }]
+
+[[leaves]]
+address = "10.82.0.254:16711"
+control = "127.0.0.1:9602"
+mac = "02:5a:00:00:52:fe"
+uplink_port = 1
+spine_port = 1
+workers = [{ address = "10.82.0.1:40005", mac = "02:5a:00:00:52:01", switch_port = 0 }]
+"""
+
+
+def test_a_tree_file_for_p4_switches_gives_every_level_its_links_and_its_p4runtime_address():
+    """Each leaf is the spine's worker at its own Ethernet address and spine port, each leaf's parent the spine at
+    the spine's address through the leaf's uplink port; the workers are tables as a job file's; BMv2 reaches each
+    level at its control address."""
+    from switchagg.targets import TargetOptions, open_target, p4job
+
+    spine, *leaves = TreeConfig.from_dict(parse_toml(P4_TREE, "the tree")).switch_jobs()
+    assert [(w.mac, w.switch_port) for w in spine.workers] == [("02:5a:00:00:51:fe", 0), ("02:5a:00:00:52:fe", 1)]
+    assert [(leaf.parent.mac, leaf.parent.switch_port) for leaf in leaves] == [("02:5a:00:00:50:fe", 2),
+                                                                              ("02:5a:00:00:50:fe", 1)]
+    assert [w.switch_port for w in leaves[0].workers] == [0, 1] and leaves[1].rank_base == 2
+    for level in (spine, *leaves):
+        p4job.check_config(level, trees=True)
+        assert open_target("bmv2", TargetOptions(config=level)).grpc_addr == str(level.control)
+    assert open_target("bmv2", TargetOptions(config=spine, address="127.0.0.1:1")).grpc_addr == "127.0.0.1:1"
+    with pytest.raises(ConfigError, match=r"leaves\[1\].workers\[0\].switch_prt is not a known key"):
+        TreeConfig.from_dict(parse_toml(P4_TREE.replace("switch_port = 0 }]", "switch_prt = 0 }]"), "the tree"))
+
+
 def test_a_leaf_file_names_its_parents_link_for_a_p4_switch_and_a_bad_one_is_refused():
     text = tree_file(per_leaf=2, leaves=2)
     leaf = TreeConfig.from_dict(parse_toml(text, "the tree")).switch_jobs()[1]

@@ -244,9 +244,9 @@ class Bed:
 
     def tree(self) -> TreeConfig:
         """The tree's file: the spine, each leaf at its bridge and its workers at their addresses."""
-        leaves = tuple(LeafSpec(Endpoint(leaf_ip(leaf), PORT), None,
-                                tuple(Endpoint(worker_ip(leaf, i), TREE_PORT) for i in range(self.per_leaf)))
-                       for leaf in range(self.leaves))
+        leaves = tuple(LeafSpec(Endpoint(leaf_ip(leaf), PORT), None, tuple(
+            WorkerSpec(Endpoint(worker_ip(leaf, i), TREE_PORT)) for i in range(self.per_leaf)))
+            for leaf in range(self.leaves))
         return TreeConfig(TREE_JOB, KEY, 0, SLOTS, K, Endpoint(SPINE_IP, PORT), None, leaves)
 
     def flat(self, generation: int) -> JobConfig:

@@ -323,7 +323,7 @@ def _install_tree(options: Any, job: JobConfig, leaves: list[tuple[str, str | No
                       Endpoint.parse(options.root_control, "SWITCHAGG_ROOT_CONTROL") if options.root_control else None,
                       tuple(LeafSpec(Endpoint.parse(switch, "SWITCHAGG_SWITCH"),
                                      Endpoint.parse(control, "SWITCHAGG_CONTROL") if control else None,
-                                     tuple(job.workers[i].address for i in indices))
+                                     tuple(job.workers[i] for i in indices))
                             for switch, control, indices in leaves), job.loss_recovery)
     for _ in range(_PICK_TRIES):
         keyed = replace(spec, key=secrets.randbits(32))

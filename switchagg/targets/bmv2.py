@@ -174,7 +174,11 @@ class Bmv2Target(Target):
 
     @classmethod
     def open(cls, options: TargetOptions) -> Bmv2Target:
-        return cls(options.address or "127.0.0.1:9559", options.device_id or 0, options.pipeline)
+        """At ``--address``, else the job file's ``[switch] control`` (every level of a tree file names its own),
+        else 127.0.0.1:9559."""
+        config = options.config
+        control = str(config.control) if config is not None and config.control is not None else None
+        return cls(options.address or control or "127.0.0.1:9559", options.device_id or 0, options.pipeline)
 
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:
