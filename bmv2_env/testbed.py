@@ -69,6 +69,9 @@ class TestBed:
     grpc_port: int = field(default_factory=free_tcp_port)
     thrift_port: int = field(default_factory=free_tcp_port)
     links: dict[int, str] = field(default_factory=dict)  # switch ports past the hosts': port -> device, made by others
+    # a bridge here (made by others) that each host joins too, as ``mgmt0`` at mgmt_ip(i): a management network,
+    # for what must cross between the hosts of different switches (torch's store and gloo in a tree)
+    mgmt: str | None = None
     _proc: subprocess.Popen | None = None
 
     @property
@@ -92,6 +95,9 @@ class TestBed:
     def host_mac(self, i: int) -> str:
         return f"02:5a:00:00:{self.subnet:02x}:{i + 1:02x}"
 
+    def mgmt_ip(self, i: int) -> str:
+        return f"10.99.{self.subnet}.{i + 1}"
+
     def port_dev(self, i: int) -> str:
         return f"{self.prefix}p{i}"
 
@@ -112,6 +118,11 @@ class TestBed:
                     netns.sh("ip", "addr", "add", f"{self.host_ip(i)}/24", "dev", "eth0", ns=ns)
                     netns.sh("ip", "neigh", "replace", self.switch_ip, "lladdr", self.switch_mac, "dev", "eth0",
                              "nud", "permanent", ns=ns)
+                if self.mgmt:
+                    dev = f"{self.prefix}m{i}"
+                    netns.veth_into(dev, "mgmt0", ns, f"02:5b:00:00:{self.subnet:02x}:{i + 1:02x}")
+                    netns.sh("ip", "link", "set", dev, "master", self.mgmt)
+                    netns.sh("ip", "addr", "add", f"{self.mgmt_ip(i)}/16", "dev", "mgmt0", ns=ns)
             self._start_switch()
         except BaseException:
             self.down()
@@ -163,6 +174,8 @@ class TestBed:
             netns.delete_namespace(ns)
         for i in range(self.n_hosts):
             netns.sh("ip", "link", "delete", self.port_dev(i), check=False)
+            if self.mgmt:
+                netns.sh("ip", "link", "delete", f"{self.prefix}m{i}", check=False)
 
     def __enter__(self) -> TestBed:
         return self.up()
@@ -198,6 +211,7 @@ class TreeBed:
     per_leaf: int
     prefix: str = "sat"
     subnet: int = 80
+    mgmt: bool = False  # a management network between every host (TestBed.mgmt), for torch's store and gloo
     leaf: list[TestBed] = field(default_factory=list)
     spine: TestBed | None = None
 
@@ -209,6 +223,9 @@ class TreeBed:
         self.down()
         pipeline = build()
         try:
+            if self.mgmt:
+                netns.sh("ip", "link", "add", self.mgmt_bridge, "type", "bridge")
+                netns.quiet_link(self.mgmt_bridge)
             for i in range(self.leaves):
                 netns.sh("ip", "link", "add", self.uplink_dev(i, "l"), "type", "veth", "peer", "name",
                          self.uplink_dev(i, "s"))
@@ -219,7 +236,8 @@ class TreeBed:
             self.leaf = []
             for i in range(self.leaves):
                 self.leaf.append(TestBed(self.per_leaf, prefix=f"{self.prefix}{i}", subnet=self.subnet + 1 + i,
-                                         pipeline=pipeline, links={self.per_leaf: self.uplink_dev(i, "l")}).up())
+                                         pipeline=pipeline, links={self.per_leaf: self.uplink_dev(i, "l")},
+                                         mgmt=self.mgmt_bridge if self.mgmt else None).up())
         except BaseException:
             self.down()
             raise
@@ -246,6 +264,11 @@ class TreeBed:
         self.leaf, self.spine = [], None
         for i in range(self.leaves):
             netns.sh("ip", "link", "delete", self.uplink_dev(i, "l"), check=False)
+        netns.sh("ip", "link", "delete", self.mgmt_bridge, check=False)
+
+    @property
+    def mgmt_bridge(self) -> str:
+        return f"{self.prefix}mg"
 
     def __enter__(self) -> TreeBed:
         return self.up()

@@ -34,7 +34,7 @@ def main() -> None:
     losses, params = fixed_batch_losses(model, rank, STEPS)
     dist.destroy_process_group()
     np.savez(out, ints=ints.numpy(), losses=np.array(losses), params=params.numpy(), job=job.job_id,
-             slots=(job.slot_base, job.slot_count))
+             slots=(job.slot_base, job.slot_count), leaf=-1 if job.parent is None else job.parent.index)
 
 
 if __name__ == "__main__":

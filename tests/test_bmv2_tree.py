@@ -119,3 +119,58 @@ def test_the_tree_files_levels_have_one_generation_and_undeploy_leaves_each_swit
     assert main(["deploy", "--target", "bmv2", "--config", str(tree_path)]) == 0
     assert all(bmv2.Bmv2Target(sw.grpc_addr).jobs() == {spine.job_id: (spine.slot_base, spine.slot_count)}
                for sw in switches)
+
+
+def test_a_torch_group_whose_ranks_reach_two_bmv2_leaves_deploys_a_tree_trains_and_removes_it(tmp_path):
+    """init_process_group("switchagg") on BMv2, each node's SWITCHAGG_SWITCH its rack's leaf and SWITCHAGG_ROOT
+    the spine, with the links' addresses and ports (SWITCHAGG_ROOT_MAC, _SWITCH_MAC, _UPLINK_PORT,
+    _SPINE_PORT): rank 0 deploys every level over P4Runtime, the four ranks sum and train DDP through the tree,
+    and destroy_process_group removes every level. torch's store and gloo cross a management network."""
+    need("bmv2", missing_prerequisites())
+    pytest.importorskip("torch")
+    from switchagg.targets import bmv2
+
+    from .nsforward import NamespaceForwarder
+
+    leaves, per_leaf = 2, 2
+    with TreeBed(leaves, per_leaf, prefix="sau", subnet=90, mgmt=True) as bed:
+        switches = [bed.spine, *bed.leaf]
+        ns0 = bed.leaf[0].host(0)
+        ports = [int(sw.grpc_addr.rpartition(":")[2]) for sw in switches]
+        forwarders = [NamespaceForwarder(ns0, ("127.0.0.1", port)) for port in ports]
+        for f in forwarders:
+            f.__enter__()
+        try:
+            def env(leaf: int, h: int) -> dict[str, str]:
+                sw = bed.leaf[leaf]
+                return dict(ENV, SWITCHAGG_TARGET="bmv2", SWITCHAGG_SWITCH=f"{sw.switch_ip}:16711",
+                            SWITCHAGG_CONTROL=f"127.0.0.1:{forwarders[1 + leaf].port}", SWITCHAGG_SLOTS="32",
+                            SWITCHAGG_MAC=sw.host_mac(h), SWITCHAGG_SWITCH_PORT=str(h),
+                            SWITCHAGG_NODE=f"node{leaf * per_leaf + h}", SWITCHAGG_ROOT=f"{bed.spine.switch_ip}:16711",
+                            SWITCHAGG_ROOT_CONTROL=f"127.0.0.1:{forwarders[0].port}",
+                            SWITCHAGG_ROOT_MAC=bed.spine.switch_mac, SWITCHAGG_SWITCH_MAC=sw.switch_mac,
+                            SWITCHAGG_UPLINK_PORT=str(per_leaf), SWITCHAGG_SPINE_PORT=str(leaf),
+                            GLOO_SOCKET_IFNAME="mgmt0")
+
+            world = leaves * per_leaf
+            master = f"{bed.leaf[0].mgmt_ip(0)}:29519"
+            procs = [bed.leaf[r // per_leaf].exec(
+                r % per_leaf, [sys.executable, "-m", "tests.bmv2_backend_worker", str(r), str(world), master,
+                               str(tmp_path / f"{r}.npz")], cwd=ROOT, env=env(r // per_leaf, r % per_leaf),
+                stderr=subprocess.PIPE, text=True) for r in range(world)]
+            for p in procs:
+                _, err = p.communicate(timeout=300)
+                assert p.returncode == 0, err[-3000:]
+        finally:
+            for f in forwarders:
+                f.__exit__(None, None, None)
+        runs = [np.load(tmp_path / f"{r}.npz") for r in range(world)]
+        expected = np.arange(3000, dtype=np.int32) * sum(range(1, world + 1))
+        for r in runs:
+            assert np.array_equal(r["ints"], expected)
+            assert np.array_equal(r["params"], runs[0]["params"])
+            assert r["losses"][-1] < r["losses"][0]
+        assert {int(r["job"]) for r in runs} == {int(runs[0]["job"])}  # one job id at every level
+        assert [int(r["leaf"]) for r in runs] == [r // per_leaf for r in range(world)]  # each rank's leaf's job
+        for sw in switches:  # destroy_process_group removed every level
+            assert bmv2.Bmv2Target(sw.grpc_addr).jobs() == {}

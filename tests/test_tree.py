@@ -481,10 +481,28 @@ def test_a_jobs_ranks_on_several_switches_need_a_root_and_consecutive_leaves():
     with pytest.raises(ConfigError, match="reach 2 switches .* set SWITCHAGG_ROOT"):
         _leaves(flat, ranks("a", "a", "b"))
     rooted = Options(switch="127.0.0.1:1", root="127.0.0.1:9")
-    assert _leaves(rooted, ranks("a", "a", "b", "b", "c")) == [("a", "ca", [0, 1]), ("b", "cb", [2, 3]),
-                                                                 ("c", "cc", [4])]
+    assert [leaf[:3] for leaf in _leaves(rooted, ranks("a", "a", "b", "b", "c"))] == [
+        ("a", "ca", [0, 1]), ("b", "cb", [2, 3]), ("c", "cc", [4])]
     with pytest.raises(ConfigError, match="at a are not consecutive"):
         _leaves(rooted, ranks("a", "b", "a"))
+
+
+def test_a_tree_on_p4_switches_asks_the_ranks_for_the_links_before_touching_a_switch():
+    """A P4 program writes the links' Ethernet addresses and ports into packets: without them rank 0 says which
+    variables to set, before it opens any switch (the controls here reach nothing)."""
+    pytest.importorskip("torch")
+    from switchagg.distributed import Options
+    from switchagg.distributed.rendezvous import Leaf, _install_tree
+
+    job = JobConfig.from_toml(TreeConfig.from_dict(parse_toml(P4_TREE, "the tree")).switch_jobs()[1].to_toml())
+    link = {"mac": "02:5a:00:00:51:fe", "uplink_port": 2, "spine_port": 0}
+    leaves = [Leaf("10.81.0.254:16711", "127.0.0.1:1", [0], link), Leaf("10.82.0.254:16711", "127.0.0.1:2", [1], link)]
+    for options, gap in ((Options(switch="10.81.0.254:16711", root="10.80.0.254:16711", target="bmv2"), None),
+                         (Options(switch="10.81.0.254:16711", root="10.80.0.254:16711", target="bmv2",
+                                  root_mac="02:5a:00:00:50:fe"), "spine_port")):
+        gapped = [leaves[0], leaves[1]._replace(link={**link, gap: None})] if gap else leaves
+        with pytest.raises(ConfigError, match="set SWITCHAGG_ROOT_MAC .* SWITCHAGG_SPINE_PORT"):
+            _install_tree(options, job, gapped, (0, 1))
 
 
 def test_each_rail_of_nodes_under_two_leaves_is_a_tree_of_its_own(torch_tree):

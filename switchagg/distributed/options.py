@@ -40,8 +40,13 @@ ENV = {
     "lease": "SWITCHAGG_LEASE",
     "root": "SWITCHAGG_ROOT",
     "root_control": "SWITCHAGG_ROOT_CONTROL",
+    "root_mac": "SWITCHAGG_ROOT_MAC",
+    "switch_mac": "SWITCHAGG_SWITCH_MAC",
+    "uplink_port": "SWITCHAGG_UPLINK_PORT",
+    "spine_port": "SWITCHAGG_SPINE_PORT",
 }
-_INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port"}
+_INTS = {"values_per_packet", "slot_count", "job_id", "slot_base", "device_id", "switch_port", "uplink_port",
+         "spine_port"}
 _FLOATS = {"start_timeout", "stall_timeout", "lease"}
 
 
@@ -71,7 +76,10 @@ class Options:
     ``root`` (with ``root_control``) is the spine of a tree (``docs/protocol.md`` section 10): where the
     ranks of a job reach different switches (``switch`` set per node, each its rack's leaf), rank 0
     deploys the job on every leaf and on the spine, which sums the leaves; one address, or one per rail.
-    The ranks under one leaf must be consecutive in the job (as torchrun numbers a node's ranks).
+    The ranks under one leaf must be consecutive in the job (as torchrun numbers a node's ranks). On a P4
+    switch the links between the levels need what the P4 program writes into packets: ``root_mac``, the
+    spine's Ethernet address, and per node its leaf's (``switch_mac``), the leaf's port towards the spine
+    (``uplink_port``) and the spine's port towards the leaf (``spine_port``).
     """
 
     switch: str | None = None
@@ -93,6 +101,10 @@ class Options:
     lease: float = 10.0
     root: str | None = None
     root_control: str | None = None
+    root_mac: str | None = None
+    switch_mac: str | None = None
+    uplink_port: int | None = None
+    spine_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.switch is None and self.config is None:

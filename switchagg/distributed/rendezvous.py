@@ -26,7 +26,7 @@ import warnings
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
@@ -117,7 +117,7 @@ def form(store: dist.Store, rank: int, size: int, options: Any, timeout: timedel
     mine = options.rail(job)  # the switch this rank reaches: its leaf, where a job's ranks reach several
     store.set(f"{prefix}worker/{rank}", json.dumps({"error": problem} if problem else
                                                    {**_worker_json(worker), "switch": mine.switch,
-                                                    "control": mine.control}))
+                                                    "control": mine.control, "link": _link_json(mine)}))
     deployed: list[tuple[Target, int]] = []
     renewal = None
     if rank == 0:
@@ -249,6 +249,11 @@ def _worker_json(worker: WorkerSpec) -> dict[str, Any]:
     return {"address": str(worker.address), "mac": worker.mac, "switch_port": worker.switch_port}
 
 
+def _link_json(options: Any) -> dict[str, Any]:
+    """This rank's leaf's link to a tree's spine, for a P4 switch: the leaf's Ethernet address and both ports."""
+    return {"mac": options.switch_mac, "uplink_port": options.uplink_port, "spine_port": options.spine_port}
+
+
 def _check_file(config: JobConfig, size: int) -> None:
     if config.n_workers != size:
         raise ConfigError(f"the job file lists {config.n_workers} workers but the process group has {size} ranks: "
@@ -290,20 +295,30 @@ def _deploy(store: dist.Store, prefix: str, layout: Layout, options: Any, file_c
     return deployed, json.dumps({"jobs": [entries[j] for j in range(len(jobs))]})
 
 
-def _leaves(options: Any, workers: list[dict[str, Any]]) -> list[tuple[str, str | None, list[int]]] | None:
+class Leaf(NamedTuple):
+    """A leaf of a tree as its ranks name it: its switch and control, the indices of its workers in the job, and
+    its link to the spine (:func:`_link_json`, the first of its ranks')."""
+
+    switch: str
+    control: str | None
+    indices: list[int]
+    link: dict[str, Any]
+
+
+def _leaves(options: Any, workers: list[dict[str, Any]]) -> list[Leaf] | None:
     """Where a job's workers reach different switches (each rank's ``SWITCHAGG_SWITCH``): each switch, its control
     and the indices of its workers, in order: the leaves of a tree under ``options.root``. None where they all
     reach one switch (a flat job). Raises where no root is given, or a leaf's workers are not consecutive."""
-    leaves: list[tuple[str, str | None, list[int]]] = []
+    leaves: list[Leaf] = []
     for i, w in enumerate(workers):
-        if leaves and leaves[-1][0] == w["switch"]:
-            leaves[-1][2].append(i)
-        elif any(leaf[0] == w["switch"] for leaf in leaves):
+        if leaves and leaves[-1].switch == w["switch"]:
+            leaves[-1].indices.append(i)
+        elif any(leaf.switch == w["switch"] for leaf in leaves):
             raise ConfigError(f"the ranks that reach the switch at {w['switch']} are not consecutive in the job: a "
                               "tree's leaves hold consecutive ranks (give each node's ranks consecutive numbers, "
                               "as torchrun does, and put each rack's nodes next to each other)")
         else:
-            leaves.append((w["switch"], w["control"], [i]))
+            leaves.append(Leaf(w["switch"], w["control"], [i], w.get("link") or {}))
     if len(leaves) == 1:
         return None
     if options.root is None:
@@ -313,18 +328,25 @@ def _leaves(options: Any, workers: list[dict[str, Any]]) -> list[tuple[str, str 
     return leaves
 
 
-def _install_tree(options: Any, job: JobConfig, leaves: list[tuple[str, str | None, list[int]]],
+def _install_tree(options: Any, job: JobConfig, leaves: list[Leaf],
                   members: tuple[int, ...]) -> tuple[list[tuple[Target, int]], dict[str, Any]]:
     """Deploy ``job`` as a tree: the spine at ``options.root``, a leaf at each of ``leaves``, one job id and
     slot range free on all of them, every level under the spine's generation. Returns each level's target and
     job id, and what every rank of ``members`` needs: each leaf's job, and which leaf and index is whose."""
+    links = [options.root_mac, *(leaf.link.get(k) for leaf in leaves for k in ("mac", "uplink_port", "spine_port"))]
+    if options.target != "soft" and None in links:
+        raise ConfigError(f"a tree on {options.target} switches needs the links' Ethernet addresses and ports, which "
+                          "its P4 program writes into packets: set SWITCHAGG_ROOT_MAC (the spine's), and on every "
+                          "node SWITCHAGG_SWITCH_MAC (its leaf's), SWITCHAGG_UPLINK_PORT (the leaf's port towards the "
+                          "spine) and SWITCHAGG_SPINE_PORT (the spine's port towards the leaf)")
     spec = TreeConfig(job.job_id, job.key, 0, job.slot_count, job.values_per_packet,
                       Endpoint.parse(options.root, "SWITCHAGG_ROOT"),
                       Endpoint.parse(options.root_control, "SWITCHAGG_ROOT_CONTROL") if options.root_control else None,
-                      tuple(LeafSpec(Endpoint.parse(switch, "SWITCHAGG_SWITCH"),
-                                     Endpoint.parse(control, "SWITCHAGG_CONTROL") if control else None,
-                                     tuple(job.workers[i] for i in indices))
-                            for switch, control, indices in leaves), job.loss_recovery)
+                      tuple(LeafSpec(Endpoint.parse(leaf.switch, "SWITCHAGG_SWITCH"),
+                                     Endpoint.parse(leaf.control, "SWITCHAGG_CONTROL") if leaf.control else None,
+                                     tuple(job.workers[i] for i in leaf.indices), leaf.link.get("mac"),
+                                     leaf.link.get("uplink_port"), leaf.link.get("spine_port"))
+                            for leaf in leaves), job.loss_recovery, options.root_mac)
     for _ in range(_PICK_TRIES):
         keyed = replace(spec, key=secrets.randbits(32))
         place = _free_on_every_level([_level(options, c) for c in keyed.switch_jobs()], options, job.slot_count)
@@ -346,8 +368,8 @@ def _install_tree(options: Any, job: JobConfig, leaves: list[tuple[str, str | No
         except BaseException:
             _undeploy_quietly(done)
             raise
-        place_of = {str(members[i]): [leaf, local] for leaf, (_, _, indices) in enumerate(leaves)
-                    for local, i in enumerate(indices)}
+        place_of = {str(members[i]): [n, local] for n, leaf in enumerate(leaves)
+                    for local, i in enumerate(leaf.indices)}
         return done, {"leaves": [c.to_toml() for c in tree.switch_jobs(generation)[1:]], "place": place_of}
     raise SwitchAggError(f"the switches' jobs kept changing while rank 0 looked for a place free on every level of "
                          f"the tree ({_PICK_TRIES} tries): set SWITCHAGG_JOB and SWITCHAGG_SLOT_BASE")
