@@ -247,7 +247,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 _THROUGHPUT_FLAGS = ("mib", "reps", "values_per_packet", "slots", "no_gloo", "switch_cores", "switch_steer")
 _LOSS_FLAGS = ("loss_workers", "loss_rates", "loss_recovery", "loss_runs")
 _LINK_FLAGS = ("link_loss", "link_burst")
-_TREE_FLAGS = ("tree_loss",)
+_TREE_FLAGS = ("tree_loss", "tree_link_rate")
 
 
 def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
@@ -259,6 +259,14 @@ def _refuse(args: argparse.Namespace, names: Sequence[str], mode: str) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds is not None else 3
+    if args.tree:
+        from .benchmarks.trees import RATES as TREE_RATES
+        from .benchmarks.trees import REPS, run_tree_bench
+
+        _refuse(args, ("workers", "nodes", "rounds", "plot", *(f for f in _THROUGHPUT_FLAGS if f != "reps"),
+                       *_LOSS_FLAGS, *_LINK_FLAGS), " --tree")
+        return run_tree_bench(shape=args.tree, rates=tuple(args.tree_loss or TREE_RATES),
+                              reps=args.reps if args.reps is not None else REPS, link_rate=args.tree_link_rate)
     if args.link_rate:
         from .benchmarks.links import run_link_bench
 
@@ -275,14 +283,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return run_loss_bench(worker_counts=tuple(args.loss_workers or (4, 7)), rates=tuple(args.loss_rates or RATES),
                               recoveries=tuple(args.loss_recovery or ("resend", "query")), rounds=rounds,
                               runs=tuple(int(r) if r.isdigit() else r for r in args.loss_runs or ["1"]), plot=args.plot)
-    if args.tree:
-        from .benchmarks.trees import RATES as TREE_RATES
-        from .benchmarks.trees import REPS, run_tree_bench
-
-        _refuse(args, ("workers", "nodes", "rounds", "plot", *(f for f in _THROUGHPUT_FLAGS if f != "reps"),
-                       *_LOSS_FLAGS, *_LINK_FLAGS), " --tree")
-        return run_tree_bench(shape=args.tree, rates=tuple(args.tree_loss or TREE_RATES),
-                              reps=args.reps if args.reps is not None else REPS)
     workers = _one_count(args.workers)
     if args.ddp or args.fsdp:
         from .benchmarks.training import run_training_bench
@@ -483,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default offloads)")
     p.add_argument("--tree-loss", type=float, nargs="+", metavar="PCT",
                    help="loss rates of --tree, percent per hop (default 0 1 5)")
+    p.add_argument("--tree-link-rate", type=float, metavar="MBIT",
+                   help="--tree on links shaped to this rate, Mbit/s (tbf on both ends of every link, the leaves' "
+                        "uplinks too: the tree sends a leaf's partial up where the flat job sends every worker's)")
     p.set_defaults(fn=_cmd_bench)
     return parser
 

@@ -42,6 +42,7 @@ def test_a_shape_is_leaves_then_workers_a_leaf():
     ({"rates": ()}, "--tree-loss: give one or more loss rates"),
     ({"rates": (0.0, 100.0)}, "--tree-loss 100: a loss rate is a percentage from 0 to 99.9"),
     ({"reps": 0}, "--reps 0: give 1 or more values a call and 1 or more reps"),
+    ({"link_rate": 0.5}, "--link-rate 0.5: give the links' rate in Mbit/s, 1 to 100000"),
 ])
 def test_the_bench_refuses_what_it_cannot_run_before_it_builds_anything(given, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -123,6 +124,24 @@ def test_a_bench_stopped_mid_run_removes_its_namespaces_and_its_processes(prefix
     with pytest.raises(KeyboardInterrupt):
         trees.run_tree_bench(shape="2x2", rates=(1.0,), values=64, reps=1)
     assert len(started) == 4 and all(p.poll() is not None for p in started)
+
+
+@pytest.mark.netns
+def test_shaped_links_are_every_link_of_the_bed_uplinks_too(prefix, monkeypatch):
+    """--tree-link-rate: tbf at the rate on both ends of every worker's link and every leaf's uplink (12 ends for a
+    2x2 tree), before any side runs."""
+    from switchagg.benchmarks.links import qdisc_stats
+
+    seen = {}
+
+    def inspected(bed, *args):
+        seen.update({(ns, dev): qdisc_stats(ns, dev)["rate"] for ns, dev in bed.links()})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trees, "_rate", inspected)
+    with pytest.raises(KeyboardInterrupt):
+        trees.run_tree_bench(shape="2x2", rates=(0.0,), values=64, reps=1, link_rate=300)
+    assert len(seen) == 2 * 2 + 2 * 4 and set(seen.values()) == {300e6 / 8}
 
 
 @pytest.mark.netns

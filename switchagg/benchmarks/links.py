@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -177,15 +177,20 @@ def _links(n: int) -> Iterator[tuple[str, str]]:
 
 def shape(n: int, mbit: float, ks: Sequence[int]) -> None:
     """tbf at ``mbit`` on both ends of every worker's link (:func:`tbf_sizes`)."""
+    shape_links(_links(n), mbit, ks, "the link bench")
+
+
+def shape_links(links: Iterable[tuple[str, str]], mbit: float, ks: Sequence[int], bench: str) -> None:
+    """tbf at ``mbit`` on each (namespace, device) of ``links``, sized for switchagg jobs of ``ks``."""
     from .. import netns
 
     burst, limit = tbf_sizes(mbit, ks)
-    for ns, dev in _links(n):
+    for ns, dev in links:
         try:
             netns.sh("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit:g}mbit", "burst", str(burst),
                      "limit", str(limit), ns=ns)
         except RuntimeError as exc:
-            raise SwitchAggError(f"tc could not shape the link {dev} in namespace {ns} ({exc}): the link bench needs "
+            raise SwitchAggError(f"tc could not shape the link {dev} in namespace {ns} ({exc}): {bench} needs "
                                  "the kernel's tbf qdisc (CONFIG_NET_SCH_TBF; `modprobe sch_tbf`)") from None
 
 

@@ -66,7 +66,7 @@ from ..jobs import new_generation
 from ..loopback import spawn_switch
 from ..tree import LeafSpec, TreeConfig
 from ..wire import MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
-from .links import stopped_by_sigterm
+from .links import shape_links, stopped_by_sigterm
 from .loss import NETNS_TOOLS, digest, drop_match, own_prefix, teardown
 from .tasks import TaskWorkers, serve
 
@@ -226,6 +226,15 @@ class Bed:
                           f"add rule ip {TABLE} out udp dport {PORT} numgen random mod 100 < {dup} "
                           f"dup to {leaf_ip(rank // self.per_leaf)} device eth0"]
             netns.sh("nft", " ; ".join(rules), ns=ns)
+
+    def links(self) -> Iterator[tuple[str, str]]:
+        """Both ends of every link, as (namespace, device): each worker's to its leaf, each leaf's to the spine."""
+        for leaf in range(self.leaves):
+            yield self.leaf(leaf), "uplink"
+            yield self.spine, f"l{leaf}"
+            for index in range(self.per_leaf):
+                yield self.worker(leaf * self.per_leaf + index), "eth0"
+                yield self.leaf(leaf), f"w{index}"
 
     def _rank_of(self, ns: str) -> int | None:
         """The rank whose namespace ``ns`` is, or None (a switch's)."""
@@ -440,11 +449,17 @@ def _check(rates: Sequence[float], values: int, reps: int) -> None:
         raise ConfigError(f"values {values}, --reps {reps}: give 1 or more values a call and 1 or more reps")
 
 
-def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = VALUES, reps: int = REPS) -> int:
+def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = VALUES, reps: int = REPS,
+                   link_rate: float | None = None) -> int:
     """The tree of ``shape`` (LEAVESxWORKERS), the flat job of its ranks and gloo at every loss rate; a line per
-    rate and the table at the end. Returns 1 if a sum came out wrong, else 0."""
+    rate and the table at the end. ``link_rate`` (Mbit/s): every link shaped to it, each end's egress by tbf
+    (:func:`~switchagg.benchmarks.links.shape_links`), a leaf's uplink as a worker's link: where the tree
+    sends one partial up a leaf's uplink, the flat job sends every worker's contribution, and gloo's ring
+    crosses it too. Returns 1 if a sum came out wrong, else 0."""
     leaves, per_leaf = parse_shape(shape)
     _check(rates, values, reps)
+    if link_rate is not None and not 1 <= link_rate <= 100_000:
+        raise ConfigError(f"--link-rate {link_rate:g}: give the links' rate in Mbit/s, 1 to 100000")
     rates = tuple(dict.fromkeys(rates))
     problem = missing()
     if problem:
@@ -455,7 +470,8 @@ def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = 
           f"int32 values a call, {reps} of each after a warm-up; {', '.join(f'{r:g}' for r in rates)}% loss in "
           f"every namespace's prerouting (every hop, forwarded packets too), {DUP}% of the workers' sends "
           f"duplicated at {max(rates):g}%; gloo once, at {rates[0]:g}% (TCP: the drop rules match switchagg's UDP "
-          "only)", flush=True)
+          "only)" + (f"; every link, uplinks too, shaped to {link_rate:g} Mbit/s each way" if link_rate else ""),
+          flush=True)
     common = {"ranks": ranks, "values": values, "reps": reps}
     # a worker's gloo on its bed link; OpenBLAS on one thread, as every rank shares the machine's cores
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OPENBLAS_NUM_THREADS="1",
@@ -463,10 +479,13 @@ def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = 
     prefix, rows = own_prefix(PREFIX), []
     with stopped_by_sigterm():
         try:
-            rows = _bench(_build(leaves, per_leaf, prefix), rates, common, env)
+            bed = _build(leaves, per_leaf, prefix)
+            if link_rate:
+                shape_links(bed.links(), link_rate, (K,), "the tree bench")
+            rows = _bench(bed, rates, common, env)
         finally:
             teardown(prefix)
-    print(table(rows, f"{leaves}x{per_leaf}"))
+    print(table(rows, f"{leaves}x{per_leaf}" + (f"@{link_rate:g}mbit" if link_rate else "")))
     return 1 if any(row.wrong() for row in rows) else 0
 
 
