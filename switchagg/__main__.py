@@ -10,6 +10,7 @@ port, a switch that does not answer) is one line on stderr and exit status 1, ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -188,10 +189,25 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     _no_address_for_a_tree(args, cfg)
     lease = f"; it is removed {args.lease:g} s after its last renewal (`switchagg renew`)" if args.lease else ""
     if isinstance(cfg, TreeConfig):  # the spine first, then every leaf under the generation it drew
-        spine = cfg.spine_job()
-        gen = _target(args, spine).deploy(spine, lease=args.lease)
-        for job in cfg.switch_jobs(gen)[1:]:
-            _target(args, job).deploy(job, lease=args.lease)
+        if args.target != "soft" and (gaps := cfg.p4_gaps()):
+            raise ConfigError(f"a tree on {args.target} switches needs the links' Ethernet addresses and ports, which "
+                              f"its P4 program writes into packets: add {', '.join(gaps)} to {args.config} (the "
+                              "README's tree file section)")
+        levels = cfg.switch_jobs()
+        for job in levels:  # every level checked before any is deployed
+            _target(args, job).check(job)
+        deployed: list[JobConfig] = []
+        try:
+            gen = _target(args, levels[0]).deploy(levels[0], lease=args.lease)
+            deployed.append(levels[0])
+            for job in cfg.switch_jobs(gen)[1:]:
+                _target(args, job).deploy(job, lease=args.lease)
+                deployed.append(job)
+        except BaseException:
+            for job in deployed[::-1]:  # no level of a half-deployed tree stays behind
+                with contextlib.suppress(SwitchAggError, OSError):
+                    _target(args, job).undeploy(job.job_id)
+            raise
         print(f"tree of job {cfg.job_id} deployed on the {args.target} target: the spine at {cfg.spine} and "
               f"{len(cfg.leaves)} leaves, {cfg.ranks} workers, generation {gen}{lease}")
         return 0
@@ -216,9 +232,29 @@ def _no_address_for_a_tree(args: argparse.Namespace, cfg: object) -> None:
 
 
 def _cmd_undeploy(args: argparse.Namespace) -> int:
-    for job in _levels(args)[::-1]:  # a tree's leaves first, then its spine
-        _target(args, job).undeploy(job.job_id)
+    levels = _levels(args)
+    if len(levels) == 1:
+        _target(args, levels[0]).undeploy(levels[0].job_id)
+        print(f"job {levels[0].job_id} removed from the {args.target} target at {levels[0].switch}")
+        return 0
+    missing, failed = [], []
+    for job in levels[::-1]:  # a tree's leaves first, then its spine; a level that fails does not stop the rest
+        try:
+            _target(args, job).undeploy(job.job_id)
+        except ConfigError as exc:  # the job is not there
+            missing.append(str(exc))
+            continue
+        except (SwitchAggError, OSError) as exc:  # the switch is not reached
+            failed.append(str(exc))
+            continue
         print(f"job {job.job_id} removed from the {args.target} target at {job.switch}")
+    if len(missing) == len(levels):
+        raise ConfigError(f"no level of the tree was deployed: {'; '.join(missing)}")
+    for what in missing:
+        print(f"skipped: {what}")
+    if failed:
+        raise SwitchAggError(f"{len(failed)} level(s) of the tree could not be reached, the rest removed: "
+                             f"{'; '.join(failed)}")
     return 0
 
 

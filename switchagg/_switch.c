@@ -389,7 +389,9 @@ static int process_one(Switch *sw, int shard, const unsigned char *p, Py_ssize_t
         counters[BAD_OWNER]++;
         return 0;
     }
-    if ((type == TYPE_CONTRIB && count != job->k) || (type == TYPE_RESULT && count != job->k && (count || !(flags & FLAG_OWNER)))) {
+    /* a parent's RESULT: K values, or its header alone for an owner under another switch (FLAG_OWNER) */
+    if ((type == TYPE_CONTRIB && count != job->k)
+            || (type == TYPE_RESULT && count != job->k && (count || !(flags & FLAG_OWNER)))) {
         counters[BAD_COUNT]++;
         return 0;
     }

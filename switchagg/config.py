@@ -202,7 +202,7 @@ class JobConfig:
             _check_range("parent.job", self.parent.job, 0, 0xFFFF)
             _check_range("parent.index", self.parent.index, 0, MAX_WORKERS - 1)
             _check_range("parent.key", self.parent.key, 0, 0xFFFFFFFF)
-            _check_link("parent", self.parent.mac, self.parent.switch_port)
+            check_link("parent", self.parent.mac, self.parent.switch_port)
         _check_range("tree.rank_base", self.rank_base, 0, MAX_TREE_RANKS - 1)
         _check_range("tree.size", self.tree_size, 0, MAX_TREE_RANKS)
         if not isinstance(self.spans, tuple) or (self.spans and len(self.spans) != len(self.workers)):
@@ -469,19 +469,20 @@ def _check_worker(rank: int, w: WorkerSpec) -> None:
     """A worker's fields: its address an Endpoint, and what the P4 targets need, where given, well formed."""
     if not isinstance(w, WorkerSpec) or not isinstance(w.address, Endpoint):
         raise ConfigError(f"workers[{rank}] = {w!r}: give a WorkerSpec with an Endpoint address")
-    _check_link(f"workers[{rank}]", w.mac, w.switch_port)
+    check_link(f"workers[{rank}]", w.mac, w.switch_port)
 
 
-def _check_link(where: str, mac: str | None, switch_port: int | None) -> None:
-    """What the P4 targets need of a host or a parent switch, where given, well formed."""
+def check_link(where: str, mac: str | None, port: int | None, port_key: str = "switch_port") -> None:
+    """What the P4 targets need of a link to a host or a switch, where given, well formed: the Ethernet address
+    at its far end (``where``.mac) and the switch port it hangs off (``where``.``port_key``)."""
     if mac is not None:
         if not isinstance(mac, str) or not _MAC.fullmatch(mac):
             raise ConfigError(f"{where}.mac = {mac!r}: write six hex bytes, e.g. \"02:5a:00:00:00:01\"")
         if int(mac[:2], 16) & 1:
-            raise ConfigError(f"{where}.mac = {mac!r} is a multicast address: give the host's own "
+            raise ConfigError(f"{where}.mac = {mac!r} is a multicast address: give the device's own "
                               "(unicast) Ethernet address")
-    if switch_port is not None:
-        _check_range(f"{where}.switch_port", switch_port, 0, MAX_SWITCH_PORT)
+    if port is not None:
+        _check_range(f"{where}.{port_key}", port, 0, MAX_SWITCH_PORT)
 
 
 def get_key(table: dict[str, Any], key: str, where: str) -> Any:

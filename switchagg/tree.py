@@ -53,6 +53,7 @@ from .config import (
     WorkerSpec,
     build_from,
     check_keys,
+    check_link,
     get_key,
     read_toml,
     table_of,
@@ -100,7 +101,22 @@ class TreeConfig:
         if len(set(switches)) != len(switches):
             raise ConfigError("the spine and the leaves must each receive at an address of their own: "
                               f"{', '.join(map(str, switches))}")
+        check_link("spine", self.spine_mac, None)
+        for i, leaf in enumerate(self.leaves):
+            check_link(f"leaves[{i}]", leaf.mac, leaf.uplink_port, "uplink_port")
+            check_link(f"leaves[{i}]", None, leaf.spine_port, "spine_port")
+            for j, w in enumerate(leaf.workers):
+                check_link(f"leaves[{i}].workers[{j}]", w.mac, w.switch_port)
         self.switch_jobs()  # each level's JobConfig checks its own fields, naming them
+
+    def p4_gaps(self) -> list[str]:
+        """What a P4 switch needs of the links and the file leaves out, as the keys to write (none: nothing)."""
+        gaps = ["[spine] mac"] if self.spine_mac is None else []
+        for i, leaf in enumerate(self.leaves):
+            gaps += [f"leaves[{i}].{key}" for key in ("mac", "uplink_port", "spine_port") if getattr(leaf, key) is None]
+            gaps += [f"leaves[{i}].workers[{j}].{key}" for j, w in enumerate(leaf.workers)
+                     for key in ("mac", "switch_port") if getattr(w, key) is None]
+        return gaps
 
     @property
     def ranks(self) -> int:

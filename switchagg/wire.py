@@ -36,7 +36,8 @@ FLAG_OWNER = 0x02
 
 
 class PacketType(enum.IntEnum):
-    """What a packet is; the switch accepts only CONTRIB, PROBE and QUERY."""
+    """What a packet is; the switch accepts CONTRIB, PROBE and QUERY from workers, and RESULT only from the parent
+    switch of a job in a tree (docs/protocol.md section 10)."""
 
     CONTRIB = 1  # a worker's quantized chunk for one slot copy
     RESULT = 2  # the finished sum, multicast or unicast to a worker

@@ -54,6 +54,10 @@ class Differential:
         self.model.set_generation(job_id, generation)
         return generation
 
+    def undeploy(self, job_id: int) -> None:
+        self.bmv2.Bmv2Target(self.bed.grpc_addr).undeploy(job_id)
+        self.model.remove_job(job_id)
+
     def generation(self, job_id: int) -> int:
         return self.model.jobs[job_id].generation
 
@@ -656,7 +660,7 @@ def test_owned_chunks_go_whole_down_the_owners_branch_at_every_level(diff):
     for owner, chunk, sent in ((5, 501, [5] * K), (8, 502, None)):
         for r in range(3):
             out = send(diff, owned(diff, 6, r, chunk, owner, **run))
-        assert partial_up(diff, 6, out) is not None
+        partial_up(diff, 6, out)
         down = send(diff, from_parent(diff, 6, chunk, sent, flags=FLAG_OWNER, owner=owner, **run))
         assert ranks_served(diff, 6, down) == {0: 0, 1: K if sent else 0, 2: 0}
         assert ranks_served(diff, 6, send(diff, owned(diff, 6, 1, chunk, owner, **run))) == {1: K if sent else 0}
@@ -693,4 +697,38 @@ def test_seeded_random_tree_traffic_with_loss_duplication_reordering(diff, seed)
     rng.shuffle(packets)
     for p in packets:
         send(diff, p)
+    diff.check_counters()
+
+
+def test_a_leafs_queries_a_reset_and_a_neighbours_removal_leave_its_tree_paths_as_they_were(diff):
+    """A query while the partial is awaited and once the parent's sum is held (every bit set, both times); after a
+    reset of job 6 its parent's RESULTs are still admitted with the tree's owner limit (its entry keeps it), and
+    after job 7 (a leaf under the same parent switch) is removed and deployed again, job 6 still sends up and
+    takes its parent's sums; a third leaf on the same uplink as job 6 is refused, and nothing of it is written."""
+    from switchagg.errors import ConfigError
+
+    run = {"slot": 1, "generation": 0x7EE5}
+    for r in range(3):
+        send(diff, contrib(diff, 6, r, 700, **run))
+    assert pending(send(diff, query(diff, 6, 1, 700, **run))) == 0b111
+    send(diff, from_parent(diff, 6, 700, [5] * K, **run))
+    assert pending(send(diff, query(diff, 6, 2, 700, **run))) == 0b111
+    diff.reset(6)
+    for r in range(3):
+        send(diff, owned(diff, 6, r, 701, 8, **run))
+    assert send(diff, from_parent(diff, 6, 701, None, flags=FLAG_OWNER, owner=9, **run)) == []  # bad_owner
+    assert ranks_served(diff, 6, send(diff, from_parent(diff, 6, 701, None, flags=FLAG_OWNER, owner=8, **run))) == {
+        0: 0, 1: 0, 2: 0}
+    cfg7 = diff.jobs[7]
+    diff.undeploy(7)
+    diff.deploy(cfg7)
+    for r in range(3):
+        out = send(diff, contrib(diff, 6, r, 702, **run))
+    partial_up(diff, 6, out)
+    assert ranks_served(diff, 6, send(diff, from_parent(diff, 6, 702, [6] * K, **run))) == {0: K, 1: K, 2: K}
+    twin = dataclasses.replace(diff.jobs[7], job_id=9, slot_base=30, parent=diff.jobs[6].parent)
+    before = diff.bmv2.Bmv2Target(diff.bed.grpc_addr).jobs()
+    with pytest.raises(ConfigError, match="job 6 on this switch already takes the RESULTs of job 40 as its child 2"):
+        diff.bmv2.Bmv2Target(diff.bed.grpc_addr).deploy(twin)
+    assert diff.bmv2.Bmv2Target(diff.bed.grpc_addr).jobs() == before
     diff.check_counters()

@@ -90,7 +90,7 @@ def test_every_job_field_is_range_and_type_checked_before_use(job, message):
     ("mac = 5", r"workers\[0\].mac = 5: write six hex bytes"),
     ("mac = \"02:5a:00:00:01\"", r"workers\[0\].mac = '02:5a:00:00:01': write six hex bytes"),
     ("mac = \"02-5a-00-00-00-01\"", r"workers\[0\].mac = '02-5a-00-00-00-01': write six hex bytes"),
-    ("mac = \"ff:ff:ff:ff:ff:ff\"", r"is a multicast address: give the host's own \(unicast\)"),
+    ("mac = \"ff:ff:ff:ff:ff:ff\"", r"is a multicast address: give the device's own \(unicast\)"),
     ("switch_port = 512", r"workers\[0\].switch_port = 512: it must be an integer in 0..511"),
     ("switch_port = -1", r"workers\[0\].switch_port = -1"),
     ("switch_port = \"3\"", r"workers\[0\].switch_port = '3'"),

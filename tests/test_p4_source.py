@@ -104,7 +104,10 @@ def test_constants_match():
     assert c["SA_JOB_COUNTER_STRIDE"] == p4job.JOB_COUNTER_STRIDE
     assert c["SA_MAX_JOBS"] < c["SA_FLOOD_GROUP"]  # job groups are 1..SA_MAX_JOBS
     assert c["SA_NUM_JOB_IDS"] == 1 << wire.FIELDS[[f.name for f in wire.FIELDS].index("job")].bits
-    assert c["SA_ADMISSION_SIZE"] == c["SA_REPLICA_SIZE"] == c["SA_MAX_JOBS"] * c["SA_MAX_WORKERS"]
+    # a worker's entry each, and in a tree a parent's (admission) and one up to it (replica)
+    assert c["SA_ADMISSION_SIZE"] == c["SA_REPLICA_SIZE"] == c["SA_MAX_JOBS"] * (c["SA_MAX_WORKERS"] + 1)
+    # a job's uplink group is its group | PARENT_FLAG: above every job's group, below the flood group
+    assert c["SA_MAX_JOBS"] < p4job.PARENT_FLAG and p4job.PARENT_FLAG + c["SA_MAX_JOBS"] < c["SA_FLOOD_GROUP"]
     assert c["SA_MAX_WORKERS"] * c["SA_MAX_JOBS"] <= c["SA_NUM_COPIES"]
 
 
@@ -353,3 +356,21 @@ def test_an_owner_is_checked_after_the_slot_and_before_the_count():
     steps = [step[1] for step in re.findall(r"\} else if \((.*?)\) \{\s*(?:/\*.*?\*/\s*)?(\w+)\(\);", v1model)]
     assert steps[steps.index("drop_slot_out_of_range"):][:3] == ["drop_slot_out_of_range", "drop_bad_owner", "read_tag"]
 
+
+
+def test_the_v1model_tree_constants_are_the_control_planes():
+    """What admission and the job's parameters hold for a tree (docs/protocol.md section 10), as bmv2.py and
+    p4job.py write them: the parent flag's place in the packed job, the owner limit's, and type bit 0, which a
+    worker's admission entry holds 1 and a parent's 0 (a RESULT alone has 0 among the types validation passes)."""
+    from switchagg.targets import bmv2
+
+    metadata = (P4 / "v1model" / "include" / "metadata.p4").read_text()
+    defines = {n: int(v, 16) for n, v in re.findall(r"#define (LOCAL_\w+)\s+64w(0x[0-9a-f]+)", metadata)}
+    assert defines["LOCAL_PARENT"] == p4job.PARENT_FLAG << 40
+    params = p4job.JobParams(4, 3, 2, p4job.owners(300), parent=True)
+    assert params.pack() & defines["LOCAL_PARENT"] and params.pack() & defines["LOCAL_OWNERS"] == 0xFFFFFF
+    assert p4job.JobParams.unpack(params.pack()) == params and p4job.owners(9) == 9 << 16
+    bit = re.search(r"#define SA_TYPE_BIT_0\s+32w(0x[0-9a-f]+)", V1MODEL_HEADERS.read_text()).group(1)
+    assert int(bit, 16) == bmv2.TYPE_BIT_0 == 1 << 16
+    assert [t for t in (wire.PacketType.CONTRIB, wire.PacketType.PROBE, wire.PacketType.QUERY,
+                        wire.PacketType.RESULT) if not t & 1] == [wire.PacketType.RESULT]

@@ -381,6 +381,55 @@ def test_a_tree_of_embedded_switches_on_loopback_sums_as_one_switch_does(tmp_pat
             assert sw.error is None
 
 
+def test_a_tree_deploy_that_fails_at_a_level_leaves_no_level_behind_and_undeploy_skips_a_missing_one(tmp_path,
+                                                                                                       capsys):
+    """Leaf 1's switch is not there: `deploy` fails naming it, and the spine and leaf 0, deployed before it, are
+    removed again; `undeploy` removes every level it reaches, says which it could not, and skips one that lacks
+    the job."""
+    path = tmp_path / "tree.toml"
+    path.write_text(tree_file(per_leaf=2, leaves=2))
+    t = TreeConfig.from_file(path)
+    spine, leaf0, leaf1 = t.switch_jobs()
+    switches = [SoftSwitch(job.switch, control=job.control).start() for job in (spine, leaf0)]
+    try:
+        assert main(["deploy", "--config", str(path)]) == 1
+        assert str(t.leaves[1].control) in capsys.readouterr().err
+        assert all(not sw.model.jobs for sw in switches)
+        for sw, job in zip(switches, (spine, leaf0), strict=True):
+            sw.add_job(job)
+        assert main(["undeploy", "--config", str(path)]) == 1
+        assert "1 level(s) of the tree could not be reached, the rest removed" in capsys.readouterr().err
+        assert all(not sw.model.jobs for sw in switches)
+        switches.append(SoftSwitch(leaf1.switch, control=leaf1.control).start())
+        for sw, job in zip(switches[:2], (spine, leaf0), strict=True):
+            sw.add_job(job)
+        assert main(["undeploy", "--config", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert all(not sw.model.jobs for sw in switches) and out.count("removed") == 2 and "skipped: " in out
+        assert main(["undeploy", "--config", str(path)]) == 1  # nothing left: an error
+        assert "no level of the tree was deployed" in capsys.readouterr().err
+    finally:
+        for sw in switches:
+            sw.stop()
+
+
+def test_a_tree_file_for_p4_switches_names_what_it_lacks_and_what_is_out_of_range(tmp_path, capsys):
+    """Before any switch is touched (these P4Runtime addresses reach nothing)."""
+    path = tmp_path / "tree.toml"
+    path.write_text(P4_TREE.replace('uplink_port = 1\n', ''))
+    assert main(["deploy", "--target", "bmv2", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "add leaves[1].uplink_port to" in err and "[spine] mac" not in err
+    path.write_text(tree_file(per_leaf=1, leaves=2))
+    assert main(["deploy", "--target", "bmv2", "--config", str(path)]) == 1
+    assert "add [spine] mac, leaves[0].mac, leaves[0].uplink_port, leaves[0].spine_port, leaves[0].workers[0].mac, " \
+           "leaves[0].workers[0].switch_port, leaves[1].mac" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"leaves\[0\].uplink_port = 512"):
+        TreeConfig.from_dict(parse_toml(P4_TREE.replace("uplink_port = 2", "uplink_port = 512"), "the tree"))
+    with pytest.raises(ConfigError, match=r"spine.mac = '03:5a:00:00:50:fe' is a multicast address"):
+        TreeConfig.from_dict(parse_toml(P4_TREE.replace('"02:5a:00:00:50:fe"', '"03:5a:00:00:50:fe"'), "the tree"))
+
+
 def once(cfg, rank, x):
     with Client(cfg, rank) as c:
         return c.allreduce(x)

@@ -24,8 +24,8 @@
 
 /* Table sizes: an admission entry per worker of every job, a replica per worker of every job, and
  * one L2 entry per host. */
-#define SA_ADMISSION_SIZE 2048  /* SA_MAX_JOBS * SA_MAX_WORKERS */
-#define SA_REPLICA_SIZE 2048    /* SA_MAX_JOBS * SA_MAX_WORKERS */
+#define SA_ADMISSION_SIZE 2112  /* SA_MAX_JOBS * (SA_MAX_WORKERS + 1): and a parent's, a level of a tree */
+#define SA_REPLICA_SIZE 2112    /* SA_MAX_JOBS * (SA_MAX_WORKERS + 1): and one up to its parent */
 #define SA_L2_SIZE 1024
 
 #endif

@@ -1,8 +1,9 @@
 /* Validation: the checks on a packet to the switchagg port that is not a contribution of K values
  * the parser found well formed (a probe, a query, a contribution of another K, a parent's RESULT of
- * its header alone or of another K, or a malformed packet), in SwitchModel.process_frame's order. What it drops, it counts by reason and strips of its
- * switchagg header, so that admission skips it; a probe, a query, a RESULT or another K keeps it and goes
- * on to admission (which takes a RESULT only from a parent, docs/protocol.md section 10). */
+ * its header alone or of another K, or a malformed packet), in SwitchModel.process_frame's order.
+ * What it drops, it counts by reason and strips of its switchagg header, so that admission skips it;
+ * a probe, a query, a RESULT or another K keeps it and goes on to admission (which takes a RESULT
+ * only from a parent, docs/protocol.md section 10). */
 
 control Validation(inout headers_t hdr, inout standard_metadata_t std)(counter<bit<32>> drops) {
     action drop() {

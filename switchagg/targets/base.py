@@ -56,6 +56,11 @@ class Target(abc.ABC):
         that long passes without a :meth:`renew`; a target that keeps no leases refuses one
         (:class:`UnsupportedOperation`) before it changes anything."""
 
+    def check(self, job: JobConfig) -> None:
+        """Refuse, saying what to change, a job this target cannot serve, touching nothing: a tree's levels are
+        each checked before any is deployed. By default nothing is refused here (:meth:`deploy` still may)."""
+        return None
+
     @abc.abstractmethod
     def undeploy(self, job_id: int) -> None:
         """Remove the job: its packets are no longer admitted."""

@@ -157,6 +157,23 @@ def _deployed(sh: Any) -> dict[int, tuple[list[Any], list[Admission]]]:
     return jobs
 
 
+def _check_uplink_free(sh: Any, parent: ParentAdmission) -> None:
+    """Refuse a level of a tree whose parent's RESULTs another job here already takes (the same parent job, index,
+    address and key): the parent's RESULTs would reach one job alone."""
+    mine = (parent.job_id, parent.worker, parent.ip << 96 | parent.port << 48, parent.key)
+    for e in sh.TableEntry(ADMISSION).read():
+        if e.action.action_name == ADMIT_RESULT and (
+                _match(e, "hdr.sa.job"), _match(e, "worker"), _match(e, "source"), _match(e, "hdr.sa.key")) == mine:
+            raise ConfigError(f"job {_param(e, 'job_id')} on this switch already takes the RESULTs of job "
+                              f"{parent.job_id} as its child {parent.worker}: give job {parent.own_job} another "
+                              "[parent] index (or key), or undeploy that job first")
+
+
+def _job_counter(event: JobCounter) -> str:
+    """The counter array of a per-job event, indexed by the job's id (aggregation.p4)."""
+    return f"SaIngress.admission.aggregation.job_{event.name.lower()}"
+
+
 def _counter(sh: Any, name: str, index: int) -> int:
     entry = sh.CounterEntry(name)
     entry.index = int(index)
@@ -188,9 +205,13 @@ class Bmv2Target(Target):
     def _session(self, pipeline: Pipeline | None = None) -> P4RuntimeSession:
         return P4RuntimeSession(self.grpc_addr, self.device_id, pipeline)
 
+    def check(self, job: JobConfig) -> None:
+        check_config(job, trees=True)
+
     def deploy(self, job: JobConfig, lease: float | None = None) -> int:
-        """Install a job: admission entries, its multicast group, egress rewrites, L2 entries. No lease (BMv2's
-        control plane here runs no timer): one given is refused, see :meth:`renew`."""
+        """Install a job: admission entries, its multicast group, egress rewrites, owner branches, L2 entries; a
+        level of a tree also its parent's admission entry and its uplink group. No lease (BMv2's control plane
+        here runs no timer): one given is refused, see :meth:`renew`."""
         if lease is not None:
             raise UnsupportedOperation(self._no_leases())
         check_config(job, trees=True)
@@ -202,6 +223,8 @@ class Bmv2Target(Target):
             table.check(JobEntry.from_config(job, generation))
             rows = plan(job, free_group([rows[0].params for _, rows in deployed.values()], MAX_JOBS), generation,
                         trees=True)
+            if rows.parent is not None:
+                _check_uplink_free(sh, rows.parent)
             _install_l2(sh, rows.hosts)
             group = sh.MulticastGroupEntry(rows.replicas[0].group)
             for r in rows.replicas:
@@ -240,7 +263,9 @@ class Bmv2Target(Target):
         return generation
 
     def reset(self, job_id: int) -> int:
-        """A new run of the job: every admission entry gets a fresh generation; no register is touched."""
+        """A new run of the job: every worker's admission entry gets a fresh generation; no register is touched.
+        A tree level's parent entry keeps its parameters (where a worker's have the generation, it has the owner
+        limit: a RESULT carries its run's generation)."""
         with self._session() as sh, _no_exit(f"resetting job {job_id}"):
             entries, rows = self._job(sh, job_id)
             generation = new_generation(rows[0].params.generation)
@@ -250,6 +275,8 @@ class Bmv2Target(Target):
         return generation
 
     def undeploy(self, job_id: int) -> None:
+        """Remove every entry of the job and zero its counters; its registers stay as they are (P4Runtime writes
+        none on BMv2), which no later job reads: the tag keeps every run's state apart."""
         with self._session() as sh, _no_exit(f"removing job {job_id}"):
             entries, rows = self._job(sh, job_id)
             for e in entries:
@@ -268,6 +295,11 @@ class Bmv2Target(Target):
                 for e in sh.TableEntry(table).read():
                     if _match(e, "hdr.sa.job") == job_id:
                         e.delete()
+            for c in JobCounter:  # the job's counters (by its id) start again from 0 for the next job of that id
+                entry = sh.CounterEntry(_job_counter(c))
+                entry.index = job_id
+                entry.packet_count = 0
+                entry.modify()
 
     def capacity(self) -> tuple[int, int | None]:
         return NUM_SLOTS, MAX_JOBS
@@ -284,8 +316,7 @@ class Bmv2Target(Target):
             deployed = _deployed(sh).get(job_id)
             if deployed is None:
                 return JobStatus(self.name, job_id, False, global_drops=drops)
-            counts = [_counter(sh, f"SaIngress.admission.aggregation.job_{c.name.lower()}", job_id)
-                      for c in JobCounter]
+            counts = [_counter(sh, _job_counter(c), job_id) for c in JobCounter]
             return JobStatus.of(self.name, job_entry(deployed[1]), named_counters(counts, counts)[1], drops)
 
     def _job(self, sh: Any, job_id: int) -> tuple[list[Any], list[Admission]]:

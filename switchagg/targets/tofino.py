@@ -123,6 +123,9 @@ class TofinoTarget(Target):
     def resources(cls, out_dir: Path) -> str:
         return resources(cls.chip, out_dir)
 
+    def check(self, job: JobConfig) -> None:
+        check_config(job)
+
     def deploy(self, job: JobConfig, lease: float | None = None) -> int:
         """Install a job: L2 and flood group, recirculation port, multicast nodes and group, egress
         rewrites, zeroed counters, then the admission entries that let its packets in. No lease (BfRt here runs
