@@ -3,6 +3,8 @@ what it is sent, for a budget of seconds per surface.
 
 - the C switch against its model: the same datagrams into :class:`NativeSwitch` and :class:`SwitchModel`, the
   same packets out, counters and registers, nothing raised; a job summing real values amid the junk stays exact;
+  one job is a leaf of a tree, whose parent's RESULTs (whole, header-only, of a neighbouring chunk, from a
+  stranger, mutated) go in too;
 - the worker's receive path: junk and mutated results in receive batches to :class:`Reduction` and
   :class:`NativeReduction` in lockstep, the same packets, returns and counts, the foreign ones counted;
 - the control port: random and mutated JSON requests to a running :class:`SoftSwitch`, each answered, its
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from switchagg import ConfigError, JobConfig, SoftSwitch
-from switchagg.jobs import JobEntry
+from switchagg.jobs import JobEntry, Uplink
 from switchagg.loopback import loopback_job
 from switchagg.payloads import Int32Payloads
 from switchagg.protocol import NativeReduction, Reduction, StreamParams
@@ -41,7 +43,16 @@ from switchagg.switch.model import SwitchModel
 from switchagg.switch.native import NativeSwitch
 from switchagg.transport import sockaddr_in
 from switchagg.window import Window
-from switchagg.wire import FIELDS, HEADER_SIZE, MAX_WORKERS, PacketType, datagram_size, make_header, unpack_header
+from switchagg.wire import (
+    FIELDS,
+    FLAG_OWNER,
+    HEADER_SIZE,
+    MAX_WORKERS,
+    PacketType,
+    datagram_size,
+    make_header,
+    unpack_header,
+)
 
 from .test_switch_model import Out, batch_of
 
@@ -147,16 +158,35 @@ class FuzzJob:
                         exponent=rng.randint(-128, 127), count=len(values))
         return h.pack() + values.astype(">i4").tobytes()
 
+    def from_parent(self, rng: random.Random, chunk: int) -> bytes:
+        """The parent's RESULT for ``chunk`` of this job, a level of a tree: its K values, or its header alone
+        with an owner (mostly under another leaf), now and then without one."""
+        e, up = self.entry, self.entry.parent
+        whole = rng.random() < 0.7
+        values = rng_values(rng, e.values_per_packet) if whole else np.zeros(0, np.int64)
+        owned = not whole or rng.random() < 0.3
+        h = make_header(PacketType.RESULT, job=up.job_id, worker=up.worker, slot=chunk % e.slot_count,
+                        copy=chunk // e.slot_count % 2, chunk=chunk, generation=e.generation, key=up.key,
+                        exponent=rng.randint(-128, 127), count=len(values))
+        if owned and rng.random() < 0.95:
+            h = h._replace(flags=h.flags | FLAG_OWNER, owner=rng.randrange(e.tree_ranks + 2))
+        return h.pack() + values.astype(">i4").tobytes()
+
 
 def rng_values(rng: random.Random, k: int) -> np.ndarray:
     return np.frombuffer(rng.randbytes(4 * k), ">i4").astype(np.int64)
 
 
+PARENT = Uplink(("10.0.99.1", 16711), 70, 1, 0xFACE)  # job 7's: a leaf of a tree, tree ranks 2..6 of 9
+
+
 def switch_jobs() -> list[JobEntry]:
-    """Two jobs for junk and control changes, and job 3 (2 workers, K 8) that sums real values."""
+    """Two jobs for junk and control changes, job 7 a leaf of a tree (docs/protocol.md section 10) whose parent
+    sends RESULTs, and job 3 (2 workers, K 8) that sums real values."""
     def workers(job: int, n: int) -> tuple[tuple[str, int], ...]:
         return tuple((f"10.0.{job}.{i + 1}", 5000 + i) for i in range(n))
-    return [JobEntry(1, 5, 0x5EED, 0, 2, 4, workers(1, 3)), JobEntry(7, 6, 0xBEEF, 2, 3, 6, workers(7, 5)),
+    return [JobEntry(1, 5, 0x5EED, 0, 2, 4, workers(1, 3)),
+            JobEntry(7, 6, 0xBEEF, 2, 3, 6, workers(7, 5), PARENT, (), 2, 9),
             JobEntry(3, 11, 0xC0FFEE, 6, 2, 8, workers(3, 2))]
 
 
@@ -208,6 +238,8 @@ def test_the_c_switch_and_the_model_agree_on_junk_and_sums_stay_exact() -> None:
         workers = {sockaddr_in(w) for w in summing.entry.workers}
         for dst, payload in want:
             h = unpack_header(payload)
+            if h.type == PacketType.RESULT and h.job == 7:
+                figures.kinds["leaf's results"] += 1  # down from its parent's, or answered from one it took
             if h.type == PacketType.RESULT and h.job == 3 and h.generation == summing.entry.generation \
                     and dst in workers:
                 figures.kinds["sums checked"] += 1
@@ -236,7 +268,12 @@ def test_the_c_switch_and_the_model_agree_on_junk_and_sums_stay_exact() -> None:
         j = jobs[rng.choice((1, 7))]
         worker = rng.randrange(j.entry.n_workers)
         source = j.entry.workers[worker]
-        if roll < 0.3:
+        if roll < 0.1:  # job 7's parent: a RESULT for its chunk (or the one before), now and then from a stranger
+            j = jobs[7]
+            kind, data = "from parent", j.from_parent(rng, (j.chunk - (rng.random() < 0.2)) & 0xFFFFFFFF)
+            source = PARENT.address if rng.random() < 0.9 else ("10.9.9.9", 16711)
+            valid.append(data)
+        elif roll < 0.3:
             if rng.random() < 0.1:
                 j.chunk += 1
             kind, data = "valid", j.contribution(rng, worker, (j.chunk - (rng.random() < 0.1)) & 0xFFFFFFFF)
@@ -284,6 +321,7 @@ def test_the_c_switch_and_the_model_agree_on_junk_and_sums_stay_exact() -> None:
             figures.fail("mismatches", diff)
     figures.report()
     assert figures.kinds["sums checked"] or not figures.kinds["summed"]
+    assert figures.kinds["leaf's results"] or figures.kinds["from parent"] < 100  # the tree's down path ran
 
 
 def batched(native: NativeSwitch, traffic: list[tuple[bytes, tuple[str, int]]]) -> list[tuple[bytes, bytes]]:
