@@ -21,6 +21,18 @@ def inputs(rank: int, round_: int, size: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(-2**20, 2**20, size).astype(np.int32))
 
 
+def check_sums(got, ranks: int, rounds: int, size: int) -> None:
+    """Every rank's allreduce_round results (``got[r]``, r a tree rank) are the sums of every rank's inputs: the
+    int32 ones exact, the float32 ones the same on every rank and within the codec's bound of the true sum."""
+    for rnd in range(rounds):
+        ints = np.sum([inputs(w, rnd, size + rnd)[1].astype(np.int64) for w in range(ranks)], axis=0)
+        floats = np.sum([inputs(w, rnd, size + rnd)[0].astype(np.float64) for w in range(ranks)], axis=0)
+        for r in range(ranks):
+            assert np.array_equal(got[r][f"i{rnd}"], ints.astype(np.int32))
+            assert np.array_equal(got[r][f"f{rnd}"], got[0][f"f{rnd}"])
+            assert np.allclose(got[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
+
+
 def serve(round_: Callable[[Client, JobConfig, int, int, int], dict[str, Any]]) -> None:
     """The command line ``CONFIG RANK OUT ROUNDS SIZE``: a client of CONFIG as RANK runs ``round_(client,
     config, rank, r, size)`` for each round r, and OUT (.npz) gets what the rounds returned, the client's

@@ -20,7 +20,7 @@ from switchagg import netns
 
 from .conftest import assert_segmented, need
 from .impair import nft_impair
-from .netns_worker import inputs
+from .netns_worker import check_sums, inputs
 
 pytestmark = pytest.mark.bmv2
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,13 +82,7 @@ def test_allreduce_through_bmv2_exact_even_with_loss_and_duplication(bed, job, t
     clean = allreduce_run(bed, path, tmp_path / "clean")
     for r in clean:
         assert_segmented(str(r["backend"]))
-    for rnd in range(ROUNDS):
-        ints = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(N)], axis=0)
-        floats = np.sum([inputs(w, rnd, SIZE + rnd)[0].astype(np.float64) for w in range(N)], axis=0)
-        for r in range(N):
-            assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
-            assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
-            assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
+    check_sums(clean, N, ROUNDS, SIZE)
     # A restart with no reset (the same installed generation): the new run joins a session of its own,
     # so the P4 program's copies of the last run serve it nothing (issue 27).
     assert_same_under_loss(bed, clean, lambda: allreduce_run(bed, path, tmp_path / "lossy"))

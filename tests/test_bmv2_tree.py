@@ -21,7 +21,7 @@ from switchagg.tree import TreeConfig
 
 from .conftest import need
 from .impair import nft_impair
-from .netns_worker import inputs
+from .netns_worker import check_sums
 
 pytestmark = pytest.mark.bmv2
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,13 +68,7 @@ def test_two_leaves_and_a_spine_of_bmv2_sum_eight_workers_exactly_even_with_loss
     bed, spine, leaves, paths, _ = tree
     ranks = LEAVES * PER_LEAF
     clean = run(bed, paths, tmp_path / "clean")
-    for rnd in range(ROUNDS):
-        ints = np.sum([inputs(w, rnd, SIZE + rnd)[1].astype(np.int64) for w in range(ranks)], axis=0)
-        floats = np.sum([inputs(w, rnd, SIZE + rnd)[0].astype(np.float64) for w in range(ranks)], axis=0)
-        for r in range(ranks):
-            assert np.array_equal(clean[r][f"i{rnd}"], ints.astype(np.int32))
-            assert np.array_equal(clean[r][f"f{rnd}"], clean[0][f"f{rnd}"])
-            assert np.allclose(clean[r][f"f{rnd}"], floats, rtol=1e-5, atol=1e-6 * np.abs(floats).max())
+    check_sums(clean, ranks, ROUNDS, SIZE)
     top = bmv2.Bmv2Target(bed.spine.grpc_addr).status(spine.job_id).counters
     below = [bmv2.Bmv2Target(leaf.grpc_addr).status(cfg.job_id).counters
              for leaf, cfg in zip(bed.leaf, leaves, strict=True)]
