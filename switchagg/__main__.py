@@ -452,8 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_demo)
 
     p = sub.add_parser("worker", help="one worker of a job: allreduce seeded tensors, check every sum")
-    p.add_argument("--config", required=True, help="the job's TOML file")
-    p.add_argument("--rank", type=int, required=True, help="this worker's rank: its place in the [[workers]] list")
+    p.add_argument("--config", required=True, help="the job's TOML file, or a tree file")
+    p.add_argument("--rank", type=int, required=True, help="this worker's rank: its place in the [[workers]] list "
+                                                         "(a tree file's: its rank in the tree, leaf by leaf)")
     p.add_argument("--size", type=int, default=100_000, help="float32 elements per tensor")
     p.add_argument("--rounds", type=int, default=3, help="allreduce calls, each sum checked (default 3)")
     p.set_defaults(fn=_cmd_worker)

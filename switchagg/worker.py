@@ -2,7 +2,8 @@
 
 Every rank can rebuild every other rank's seeded input, so each checks the whole sum
 itself, against numpy, within the codec's documented error bound. The demo runs the
-same check in its worker processes.
+same check in its worker processes. A worker of a tree (docs/protocol.md section 10) is
+given the tree file and its rank in the tree, and sums with every rank of the tree.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from . import codec
 from .client import Client
-from .config import JobConfig
+from .tree import TreeConfig, load
 
 
 def demo_inputs(rank: int, round_: int, size: int) -> np.ndarray:
@@ -43,19 +44,23 @@ class CheckedRound(NamedTuple):
 
 
 def checked_rounds(client: Client, size: int, rounds: int) -> Iterator[CheckedRound]:
-    """Allreduce ``rounds`` seeded inputs of ``size`` float32 with ``client``, checking each sum."""
+    """Allreduce ``rounds`` seeded inputs of ``size`` float32 with ``client``, checking each sum (every rank's
+    input, of the tree's ranks where the job is a leaf of a tree)."""
     cfg = client.config
     for r in range(rounds):
-        xs = [demo_inputs(w, r, size) for w in range(cfg.n_workers)]
+        xs = [demo_inputs(w, r, size) for w in range(cfg.ranks)]
         t = time.perf_counter()
-        got = client.allreduce(xs[client.rank])
+        got = client.allreduce(xs[cfg.rank_of(client.rank)])
         took = time.perf_counter() - t
         yield CheckedRound(r, took, *check_sum(got, xs, cfg.values_per_packet))
 
 
 def run_worker(config: str, rank: int, *, size: int, rounds: int) -> int:
-    """``switchagg worker``: one worker of a job, checking each sum (every rank rebuilds every input)."""
-    with Client(JobConfig.from_file(config), rank) as client:
+    """``switchagg worker``: one worker of a job, checking each sum (every rank rebuilds every input); with a tree
+    file, rank ``rank`` of the tree under its leaf."""
+    job = load(config)
+    cfg, index = job.worker(rank) if isinstance(job, TreeConfig) else (job, rank)
+    with Client(cfg, index) as client:
         for r in checked_rounds(client, size, rounds):
             print(f"round {r.round}: {size} float32 in {r.seconds * 1e3:.1f} ms "
                   f"({size * 4 / r.seconds / 2**20:.2f} MiB/s), max error {r.max_error:.3g} "

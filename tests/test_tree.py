@@ -430,6 +430,24 @@ def test_a_tree_file_for_p4_switches_names_what_it_lacks_and_what_is_out_of_rang
         TreeConfig.from_dict(parse_toml(P4_TREE.replace('"02:5a:00:00:50:fe"', '"03:5a:00:00:50:fe"'), "the tree"))
 
 
+def test_switchagg_worker_takes_a_tree_file_and_a_rank_of_the_tree(tmp_path, capsys):
+    """`switchagg worker --config tree.toml --rank R`: rank R of the tree under its leaf, each sum checked against
+    every rank's input, of both leaves."""
+    path = tmp_path / "tree.toml"
+    path.write_text(tree_file(per_leaf=2, leaves=2))
+    switches = [SoftSwitch(job.switch, control=job.control).start() for job in TreeConfig.from_file(path).switch_jobs()]
+    try:
+        assert main(["deploy", "--config", str(path)]) == 0
+        codes = run_ranks(4, lambda r: main(["worker", "--config", str(path), "--rank", str(r), "--size", "3000",
+                                             "--rounds", "2"]))
+        assert codes == [0, 0, 0, 0]
+        assert capsys.readouterr().out.count("within the bound") == 8
+        assert all(sw.model.counters()["jobs"][3]["contributions"] for sw in switches)
+    finally:
+        for sw in switches:
+            sw.stop()
+
+
 def once(cfg, rank, x):
     with Client(cfg, rank) as c:
         return c.allreduce(x)
