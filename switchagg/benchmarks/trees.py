@@ -468,10 +468,10 @@ def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = 
     print(f"tree bench {leaves}x{per_leaf}: a spine over {leaves} leaves of {per_leaf} workers against the flat job "
           f"of the same {ranks} ranks on the spine's switch alone, and gloo; K={K}, {values} float32 and {values} "
           f"int32 values a call, {reps} of each after a warm-up; {', '.join(f'{r:g}' for r in rates)}% loss in "
-          f"every namespace's prerouting (every hop, forwarded packets too), {DUP}% of the workers' sends "
-          f"duplicated at {max(rates):g}%; gloo once, at {rates[0]:g}% (TCP: the drop rules match switchagg's UDP "
-          "only)" + (f"; every link, uplinks too, shaped to {link_rate:g} Mbit/s each way" if link_rate else ""),
-          flush=True)
+          f"every namespace's prerouting (every hop, forwarded packets too)"
+          + (f", {DUP}% of the workers' sends duplicated at {max(rates):g}%" if max(rates) else "")
+          + f"; gloo once, at {rates[0]:g}% (TCP: the drop rules match switchagg's UDP only)"
+          + (f"; every link, uplinks too, shaped to {link_rate:g} Mbit/s each way" if link_rate else ""), flush=True)
     common = {"ranks": ranks, "values": values, "reps": reps}
     # a worker's gloo on its bed link; OpenBLAS on one thread, as every rank shares the machine's cores
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OPENBLAS_NUM_THREADS="1",
