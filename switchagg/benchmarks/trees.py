@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -241,6 +242,16 @@ class Bed:
         head = f"{self.prefix}-w"
         return int(ns[len(head):]) if ns.startswith(head) else None
 
+    def queue_drops(self) -> int:
+        """The packets tbf dropped on every shaped end so far (0 where no link is shaped)."""
+        from .. import netns
+
+        total = 0
+        for ns, dev in self.links():
+            for q in json.loads(netns.sh("tc", "-j", "-s", "qdisc", "show", "dev", dev, ns=ns).stdout):
+                total += q.get("drops", 0) if q.get("kind") == "tbf" else 0
+        return total
+
     def drops(self) -> int:
         """The packets the drop rules took in every namespace since :meth:`impair`."""
         from .. import netns
@@ -393,6 +404,7 @@ class Run(NamedTuple):
     dropped: int  # packets the drop rules took during the side's calls, warm-up included
     exact: bool  # every int32 sum numpy's, on every rank
     floats: list[list[str]]  # each rank's float32 sums' digests, a call each
+    queue_drops: int = 0  # packets tbf dropped on the shaped links (--tree-link-rate), warm-up included
 
 
 class Row(NamedTuple):
@@ -415,11 +427,12 @@ class Row(NamedTuple):
 
 
 def _side(bed: Bed, workers: TaskWorkers, tasks: list[dict[str, Any]]) -> Run:
-    before = bed.drops()
+    before, queued = bed.drops(), bed.queue_drops()
     answers = workers.run(tasks, TASK_LIMIT)
     marks = np.max([a["marks"] for a in answers], axis=0)  # the last rank's end of each call
     return Run(float(marks[-1] - marks[0]) / (len(marks) - 1) * 1e3, sum(a["resent"] for a in answers),
-               bed.drops() - before, all(a["exact"] for a in answers), [a["floats"] for a in answers])
+               bed.drops() - before, all(a["exact"] for a in answers), [a["floats"] for a in answers],
+               bed.queue_drops() - queued)
 
 
 def _rate(bed: Bed, workers: TaskWorkers, workdir: Path, env: dict[str, str], rate: float, common: dict[str, Any],
@@ -514,9 +527,12 @@ def _bench(bed: Bed, rates: Sequence[float], common: dict[str, Any], env: dict[s
 
 def _line(row: Row) -> str:
     wrong = row.wrong()
+    queued = (f"; tbf dropped: tree {row.tree.queue_drops}, flat {row.flat.queue_drops}, gloo {row.gloo.queue_drops}"
+              if row.tree.queue_drops or row.flat.queue_drops or row.gloo.queue_drops else "")
     return (f"{row.rate:g}% loss: tree {row.tree.ms:.2f} ms a call (resent {row.tree.resent}, dropped "
             f"{row.tree.dropped}), flat {row.flat.ms:.2f} ms (resent {row.flat.resent}, dropped {row.flat.dropped}), "
-            f"gloo {row.gloo.ms:.2f} ms" + (f", SUMS WRONG: {'; '.join(wrong)}" if wrong else ", every sum right"))
+            f"gloo {row.gloo.ms:.2f} ms{queued}" + (f", SUMS WRONG: {'; '.join(wrong)}" if wrong else
+                                                    ", every sum right"))
 
 
 def table(rows: Sequence[Row], shape: str) -> str:
