@@ -826,6 +826,7 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     }
     /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
     e->state = WAITING;
+    s->bursting = 0;  /* a peer is late, not this worker's path losing runs: its probes burst no more */
     unlist(s, t);
     e->last_send = now;
     e->order = s->n_sends++;
@@ -967,10 +968,7 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
             /* RACK from a resent contribution's result that ends a silence, which gives what is out a
              * probe timeout from now (Reduction._receive) */
             s->rack_order = e->order;
-            double allow = probe_timeout(&s->w);
-            if (s->w.since_loss < LOSSY_RESULTS)
-                allow = dmin(allow, tail_timeout(&s->w));
-            s->rack_rtt = dmax(now - sent, now - s->entries[s->sends.head].last_send + allow);
+            s->rack_rtt = dmax(now - sent, now - s->entries[s->sends.head].last_send + probe_timeout(&s->w));
         }
     }
     s->last_progress = s->probe_from = now;
@@ -1104,7 +1102,7 @@ static int probe_burst(Stream *s, Py_ssize_t t, double now) {
     const Entry *e = s->entries;
     if (!s->probes) {
         burst[n++] = (uint32_t)t;
-        double due = now - dmin(probe_timeout(&s->w), tail_timeout(&s->w));
+        double due = now - probe_timeout(&s->w);
         for (uint32_t u = s->sends.head; u != NONE; u = e[u].link[SENDS][NEXT])
             if (e[u].retries && e[u].last_send <= due && (Py_ssize_t)u != t)
                 burst[n++] = u;
@@ -1137,7 +1135,7 @@ static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
         } else if (s->started && s->bursting && s->probes) {
             /* a lossy silence's bursts (Reduction._burst_wait) */
             best = oldest;
-            *when = s->probe_from + dmin(s->w.max_rto, dmin(probe_timeout(&s->w), tail_timeout(&s->w))
+            *when = s->probe_from + dmin(s->w.max_rto, probe_timeout(&s->w)
                                                         * ldexp(1.0, (int)(s->probes > BURST_STEPS ? s->probes - BURST_STEPS : 0)));
             *why = PROBE;
             return best;  /* while they go, they alone resend */

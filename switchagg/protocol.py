@@ -135,7 +135,7 @@ class StagedPayloads(Payloads, Protocol):
 
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
-BURST_STEPS = 3  # a lossy silence's probes after its first: 4, 16 and 64 packets a short wait apart, then it doubles
+BURST_STEPS = 3  # a lossy silence's probes after its first: 4, 16 and 64 packets a probe timeout apart, then doubling
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
 SENT, ASKED, WAITING = 0, 1, 2  # a packet out: its data sent; a QUERY sent; a peer's missing (the switch said)
 
@@ -511,6 +511,9 @@ class Reduction:
         # that this worker lost, which its own QUERY then finds.)
         # before the job answered, as a resend waits then: the RTO, backing off (peers may be starting)
         wait = self._resend_wait(entry[1]) if self.started else self.window.timeout_for(entry[1])
+        # The switch answered, and a peer is late: this silence is not this worker's path losing runs,
+        # so its probes burst no more (its timers and the one-packet probes go on)
+        self._bursting = False
         del self._outstanding[t]
         entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + wait, WAITING
         self._outstanding[t] = entry
@@ -586,12 +589,7 @@ class Reduction:
                 # over).
                 oldest = self._outstanding[next(iter(self._outstanding))][0]
                 self._rack_order = order
-                # (on a lossy path a tail timeout: what a hop gone dark took with the probe's first
-                # sends is lost, and every such wait is another silence of the call)
-                allow = self.window.probe_timeout
-                if self.window.lossy:
-                    allow = min(allow, self.window.tail_timeout)
-                self._rack_rtt = max(now - sent, now - oldest + allow)
+                self._rack_rtt = max(now - sent, now - oldest + self.window.probe_timeout)
         self.last_progress = self._probe_from = now
         self._first_result = min(self._first_result, now)
         if self._probes:  # a silence ended: what was resent during it need not wait out its backoff
@@ -745,12 +743,13 @@ class Reduction:
             self.window.on_loss()
 
     def _burst_wait(self) -> float:
-        """How long after the last probe of a lossy silence the next one goes: the lesser of the probe
-        and tail timeouts while the bursts grow (:data:`BURST_STEPS`), then twice the last wait, at
-        most the RTO's maximum. The silence's first probe waited out a probe timeout already: what
-        follows is no late peer's wait but a loss that takes more than one packet."""
-        wait = min(self.window.probe_timeout, self.window.tail_timeout)
-        return min(self.window.max_rto, wait * 2.0 ** max(0, self._probes - BURST_STEPS))
+        """How long after the last probe of a lossy silence the next one goes: a probe timeout (two
+        recent round trips: a burst's results had time to come) while the bursts grow
+        (:data:`BURST_STEPS`), then twice the last wait, at most the RTO's maximum. Shorter waits
+        (the tail timeout's floor, 2 ms) gained little in simulation, and on a loaded host go before
+        the last burst's answers can come; waits of the learned resend timeout (which the dark runs'
+        own recoveries stretch) made single calls take seconds in simulation."""
+        return min(self.window.max_rto, self.window.probe_timeout * 2.0 ** max(0, self._probes - BURST_STEPS))
 
     def _probe_burst(self, t: int, now: float) -> tuple[list[int], int]:
         """What a probe of a silence that began on a lossy path resends, and how many times over: its
@@ -770,7 +769,7 @@ class Reduction:
         probes one packet (:meth:`_next_loss`).
         """
         if not self._probes:
-            due = now - min(self.window.probe_timeout, self.window.tail_timeout)
+            due = now - self.window.probe_timeout
             return [t, *(u for u, e in self._outstanding.items() if e[1] and e[0] <= due and u != t)], 1
         order = list(self._outstanding)
         count = 4 ** min(self._probes, BURST_STEPS)

@@ -699,10 +699,10 @@ def test_a_silence_on_a_lossy_path_probes_in_bursts_that_pass_a_hop_gone_dark(im
     """A hop gone dark drops the next N packets that reach it however far apart they come (a count, not
     a time: the loss bench's nftables runs, a queue that stays full), and in a silence only this worker's
     own sends reach it. Where the path was losing packets when the silence began, its first probe also
-    resends what was resent before, and each probe after it 4, 16 and 64 packets a short wait apart
-    (the lesser of the probe and tail timeouts), round what is out: a dark run of 64 passes within four
-    probes. One packet a probe, then the timers backing off, took 64 of them (calls of 0.1 s took
-    seconds; on the loss bench in runs of 64, 30 s stalls)."""
+    resends what was resent before, and each probe after it 4, 16 and 64 packets a probe timeout
+    apart, round what is out: a dark run of 64 passes within four probes. One packet a probe, then
+    the timers backing off, took 64 of them (here 1.15 s; on the loss bench in runs of 64, 30 s
+    stalls)."""
     red, send_and_answer = _one_worker_call(impl, 16, started=True)
     send_and_answer(0.001, drop={0})  # chunk 0 lost, chunk 1 back: RACK finds it, so the path is lossy
     now = red.next_deadline()
@@ -721,7 +721,7 @@ def test_a_silence_on_a_lossy_path_probes_in_bursts_that_pass_a_hop_gone_dark(im
             send_and_answer(now, dark=dark)
     win = red.window
     assert not dark[0]
-    assert now - start <= 2 * win.probe_timeout + 4 * min(win.probe_timeout, win.tail_timeout), now - start
+    assert now - start <= 6 * win.probe_timeout, now - start
     assert red.retransmissions - resent <= 1 + 4 + 16 + 64 + 16
 
 
