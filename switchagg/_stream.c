@@ -47,6 +47,7 @@
 #define MIN_PROBE_LOSSY 0.003
 #define LOSSY_RESULTS 1024
 #define EARLY_PROBE 4
+#define BURST_STEPS 3  /* protocol.BURST_STEPS */
 
 /* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
 typedef struct {
@@ -169,6 +170,7 @@ typedef struct {
     long taken, settled;
     double longest, shortest, settled_shortest;
     long probes;          /* tail loss probes sent since the last new result */
+    int bursting;         /* the silence began on a lossy path: its probes are bursts (probe_burst) */
     Py_ssize_t quiet_from;  /* the order of the first send after the call's last silence (a probe or timeout) */
     double run_at, run_first;  /* when, and the first send of, the last QUERY about a lost packet sent once */
     double probe_from;    /* the last new result or probe: the next probe waits from here */
@@ -824,6 +826,7 @@ static int receive_pending(Stream *s, const unsigned char *p, double now) {
     }
     /* as if sent now: the peer resends now, so what is sent after now reveals a loss (RACK) */
     e->state = WAITING;
+    s->bursting = 0;  /* a peer is late, not this worker's path losing runs: its probes burst no more */
     unlist(s, t);
     e->last_send = now;
     e->order = s->n_sends++;
@@ -1068,6 +1071,57 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
+/* Reduction._resend: entry t again (`why`), or a QUERY about it first where the job asks first, unless the
+ * switch said this worker's contribution is missing (and a lone worker has no one else to blame). */
+static int resend(Stream *s, Py_ssize_t t, int why, double now) {
+    unlist(s, t);
+    const Entry *e = &s->entries[t];
+    int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
+    if (ask && why == LOST && !e->retries) {  /* a run found lost at once asks one QUERY (Reduction.tick) */
+        if (now == s->run_at && e->last_send == s->run_first)
+            return send_entry(s, t, now, 1, ASKED, 0);
+        s->run_at = now;
+        s->run_first = e->last_send;
+    }
+    if (ask)
+        s->queries++;
+    else
+        s->retransmissions++;
+    return send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT, 1);
+}
+
+/* Reduction._probe_burst, sent: the first probe of a lossy silence is `t` and every packet out resent
+ * before; each after it 4 ** probes packets (at most 4 ** BURST_STEPS and the window's max_size), oldest
+ * send first, each packet as often as it takes where fewer are out. */
+static int probe_burst(Stream *s, Py_ssize_t t, double now) {
+    Py_ssize_t n = 0, count = 1;
+    long copies = 1;
+    uint32_t *burst = PyMem_Malloc(sizeof(uint32_t) * (size_t)(s->n_in_flight ? s->n_in_flight : 1));
+    if (burst == NULL)
+        return -1;
+    const Entry *e = s->entries;
+    if (!s->probes) {
+        burst[n++] = (uint32_t)t;
+        double due = now - probe_timeout(&s->w);
+        for (uint32_t u = s->sends.head; u != NONE; u = e[u].link[SENDS][NEXT])
+            if (e[u].retries && e[u].last_send <= due && (Py_ssize_t)u != t)
+                burst[n++] = u;
+    } else {
+        count = (Py_ssize_t)1 << (2 * (s->probes < BURST_STEPS ? s->probes : BURST_STEPS));
+        for (uint32_t u = s->sends.head; u != NONE && n < count; u = e[u].link[SENDS][NEXT])
+            burst[n++] = u;
+        copies = (long)((count + n - 1) / n);
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++)
+        rc = resend(s, burst[i], PROBE, now);
+    for (long c = 1; c < copies && rc == 0; c++)  /* round again: what the dark run leaves holds all of it */
+        for (Py_ssize_t i = 0; i < n && rc == 0; i++)
+            rc = post(s, s->entries[burst[i]].state == ASKED ? ~(Py_ssize_t)burst[i] : (Py_ssize_t)burst[i]);
+    PyMem_Free(burst);
+    return rc;
+}
+
 /* The packet to resend next, when, and why (Reduction._next_loss); -1 when none. */
 static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
     const Entry *e = s->entries;
@@ -1078,6 +1132,13 @@ static Py_ssize_t next_loss(const Stream *s, double *when, int *why) {
             best = oldest;
             *when = e[oldest].last_send + s->rack_rtt + s->w.min_rtt / 4;
             *why = LOST;
+        } else if (s->started && s->bursting && s->probes) {
+            /* a lossy silence's bursts (Reduction._burst_wait) */
+            best = oldest;
+            *when = s->probe_from + dmin(s->w.max_rto, probe_timeout(&s->w)
+                                                        * ldexp(1.0, (int)(s->probes > BURST_STEPS ? s->probes - BURST_STEPS : 0)));
+            *why = PROBE;
+            return best;  /* while they go, they alone resend */
         } else if (s->started && (!s->probes || s->n_in_flight <= EARLY_PROBE)) {
             /* a probe: the oldest packet sent once (Reduction._next_loss) */
             uint32_t first = oldest;
@@ -1132,11 +1193,23 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
     for (Py_ssize_t t = next_loss(s, &when, &why); t >= 0 && when <= now; t = next_loss(s, &when, &why)) {
         if (why != LOST)  /* silence: what is out now waited for it, and tells no round trip */
             s->quiet_from = s->n_sends;
+        if (why == PROBE && !s->probes)  /* a silence's first probe: on a lossy path, a burst (Reduction.tick) */
+            s->bursting = s->w.since_loss < LOSSY_RESULTS;
+        if (why == PROBE && s->bursting) {
+            if (probe_burst(s, t, now) < 0)
+                return PyErr_NoMemory();
+            s->probes++;
+            s->probe_from = now;
+            changed = 1;
+            continue;
+        }
         if (why == PROBE) {  /* no sign of loss yet: the window stays */
             s->probes++;
             s->probe_from = now;
         } else if (why == LOST || s->entries[t].retries) {  /* random loss, or a resent packet lost again */
             lost = 1;
+            if (why == TIMEOUT && s->entries[t].state == ASKED)  /* an unanswered QUERY was lost */
+                s->bursting = 1;
         } else {  /* a packet sent once timed out */
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
                 Py_ssize_t lowest = 0;
@@ -1154,26 +1227,8 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             if (s->n_done)  /* before a call's first result, silence means peers on their way to it */
                 win_on_timeout(&s->w, now);
         }
-        unlist(s, t);
         changed = 1;
-        /* ask the switch first, unless it said this worker's contribution is missing (and a lone
-         * worker has no one else to blame) */
-        const Entry *e = &s->entries[t];
-        int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
-        if (ask && why == LOST && !e->retries) {  /* a run found lost at once asks one QUERY (Reduction.tick) */
-            if (now == s->run_at && e->last_send == s->run_first) {
-                if (send_entry(s, t, now, 1, ASKED, 0) < 0)
-                    return PyErr_NoMemory();
-                continue;
-            }
-            s->run_at = now;
-            s->run_first = e->last_send;
-        }
-        if (ask)
-            s->queries++;
-        else
-            s->retransmissions++;
-        if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT, 1) < 0)
+        if (resend(s, t, why, now) < 0)
             return PyErr_NoMemory();
     }
     if (lost) {  /* Window.on_loss */
@@ -1397,6 +1452,8 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->run_at = -INFINITY;
     s->run_first = 0.0;
     s->probe_from = now;
+    s->probes = 0;
+    s->bursting = 0;
     s->first_result = INFINITY;
     start_batch(s);
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
@@ -1634,12 +1691,12 @@ int sa_add_stream_type(PyObject *module) {
                                    "FLAG_COPY", FLAG_COPY, "FLAG_OWNER", FLAG_OWNER, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
-    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
                                        "LOSS_QUEUE", LOSS_QUEUE,
                                        "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
                                        BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
                                        "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY, "LOSSY_RESULTS", LOSSY_RESULTS,
-                                       "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS);
+                                       "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS, "BURST_STEPS", BURST_STEPS);
     int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0
              && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0

@@ -135,6 +135,7 @@ class StagedPayloads(Payloads, Protocol):
 
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
+BURST_STEPS = 3  # a lossy silence's probes after its first: 4, 16 and 64 packets a probe timeout apart, then doubling
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
 SENT, ASKED, WAITING = 0, 1, 2  # a packet out: its data sent; a QUERY sent; a peer's missing (the switch said)
 
@@ -227,6 +228,7 @@ class Reduction:
         # RACK: the order and round trip of the latest-sent packet, sent once, whose result came back
         self._rack_order, self._rack_rtt = -1, 0.0
         self._probes = 0  # tail loss probes sent since the last new result
+        self._bursting = False  # the silence began on a lossy path: its probes are bursts (_probe_burst)
         self._quiet_from = 0  # the order of the first send after the call's last silence (a probe or timeout)
         self._run_asked = (-math.inf, 0.0)  # (when, first send of) the last QUERY about a lost packet sent once
         self._probe_from = now  # the last new result or probe: the next probe waits from here
@@ -509,6 +511,9 @@ class Reduction:
         # that this worker lost, which its own QUERY then finds.)
         # before the job answered, as a resend waits then: the RTO, backing off (peers may be starting)
         wait = self._resend_wait(entry[1]) if self.started else self.window.timeout_for(entry[1])
+        # The switch answered, and a peer is late: this silence is not this worker's path losing runs,
+        # so its probes burst no more (its timers and the one-packet probes go on)
+        self._bursting = False
         del self._outstanding[t]
         entry[0], entry[3], entry[4], entry[6] = now, self._sends, now + wait, WAITING
         self._outstanding[t] = entry
@@ -648,6 +653,10 @@ class Reduction:
             sent, _, _, order, _, _, _ = self._outstanding[oldest]
             if order < self._rack_order:
                 best = (oldest, sent + self._rack_rtt + self.window.reorder_window, LOST)
+            elif self.started and self._bursting and self._probes:
+                # A silence that began on a lossy path (or whose QUERY went unanswered) and outlasted
+                # its first probe: bursts (_probe_burst), which alone resend while it lasts
+                best = (oldest, self._probe_from + self._burst_wait(), PROBE)
             elif self.started and (not self._probes or len(self._outstanding) <= EARLY_PROBE):
                 # Before the job answered, silence means peers are starting. After, it is a lost run
                 # with no later packet to reveal it (a call's last packets, or all that is out: a queue
@@ -664,7 +673,9 @@ class Reduction:
                     probe = oldest
                 if probe is not None:
                     best = (probe, self._probe_from + self.window.probe_timeout * 2.0 ** self._probes, PROBE)
-        timer = self._first_timer()
+        # While a lossy silence's bursts go, they alone resend: they go round all that is out
+        timer = None if best is not None and best[2] == PROBE and self._probes and self._bursting \
+            else self._first_timer()
         if timer is not None and (best is None or timer[0] < best[1]):
             return timer[1], timer[0], TIMEOUT
         return best
@@ -690,10 +701,25 @@ class Reduction:
             if why != LOST:  # silence: what is out now waited for it, and tells no round trip
                 self._quiet_from = self._sends
             if why == PROBE:  # no sign of loss yet: the window stays
+                if not self._probes:
+                    self._bursting = self.window.lossy
+                if self._bursting:
+                    burst, copies = self._probe_burst(t, now)
+                    for u in burst:
+                        self._resend(u, why, now)
+                    # round again as often as it takes: whatever part of the burst the dark run leaves
+                    # holds every packet of it
+                    self.outbox.extend(self.outbox[-len(burst):] * (copies - 1))
+                    self._probes += 1
+                    self._probe_from = now
+                    continue
                 self._probes += 1
                 self._probe_from = now
             elif why == LOST or retries:  # random loss, or a resent packet lost again
                 lost = True
+                # The switch answers every QUERY (a peer that stalls is named in a PENDING): one that
+                # went unanswered was lost, as the rest of the silence's sends likelier are too
+                self._bursting = self._bursting or (why == TIMEOUT and self._outstanding[t][6] == ASKED)
             else:  # a packet sent once timed out
                 if now - self.last_progress >= self.window.rto:
                     # Nothing came for an RTO: peers still on their way to the call, a stall or a
@@ -712,25 +738,63 @@ class Reduction:
                     self._stalled = True
                 if self.n_done:  # before a call's first result, silence means peers on their way to it
                     self.window.on_timeout(now)
-            # Ask the switch first where the job does, unless it said this worker's contribution is
-            # missing (and a lone worker has no one else to blame); its old timer goes stale.
-            if (self.params.ask_first and self.params.n_workers > 1
-                    and not (retries and self._outstanding[t][6] == SENT)):
-                # A run found lost at once (sent together, found together) asks one QUERY, whose answer
-                # holds for all of it (_receive_pending): not a QUERY and a PENDING a packet of the run.
-                if why == LOST and not retries:
-                    run = (now, self._outstanding[t][2])
-                    if run == self._run_asked:
-                        self._send(t, now, 1, ASKED, post=False)
-                        continue
-                    self._run_asked = run
-                self.queries += 1
-                self._send(t, now, retries + 1, ASKED)
-            else:
-                self.retransmissions += 1
-                self._send(t, now, retries + 1)
+            self._resend(t, why, now)
         if lost:
             self.window.on_loss()
+
+    def _burst_wait(self) -> float:
+        """How long after the last probe of a lossy silence the next one goes: a probe timeout (two
+        recent round trips: a burst's results had time to come) while the bursts grow
+        (:data:`BURST_STEPS`), then twice the last wait, at most the RTO's maximum. Shorter waits
+        (the tail timeout's floor, 2 ms) gained little in simulation, and on a loaded host go before
+        the last burst's answers can come; waits of the learned resend timeout (which the dark runs'
+        own recoveries stretch) made single calls take seconds in simulation."""
+        return min(self.window.max_rto, self.window.probe_timeout * 2.0 ** max(0, self._probes - BURST_STEPS))
+
+    def _probe_burst(self, t: int, now: float) -> tuple[list[int], int]:
+        """What a probe of a silence that began on a lossy path resends, and how many times over: its
+        first, ``t`` and every packet out whose resend has waited a burst's wait (:meth:`_burst_wait`)
+        since, once; each after it ``4 ** probes`` packets (at most ``4 ** BURST_STEPS``), the packets
+        out oldest send first, round them again as often as it takes where fewer are out.
+
+        Loss in runs takes more than one packet however far apart they come: a hop gone dark drops
+        the next N packets that reach it (a queue that stays full; the loss bench's nftables rule
+        counts packets, not time), and in a silence only the probes reach it. This worker's input
+        counts only what the switch sends it, an answer per packet it sends (a repeat of a finished
+        sum, a QUERY's PENDING), so its own sends must pass the run, the last packets of a call
+        again and again. One packet a probe, then the timers backing off, took N silences (on the
+        loss bench in runs of 64, 30 s stalls); bursts growing fourfold pass 64 within four probes,
+        and their rounds go in turn, so that what the run leaves of a burst holds every packet of
+        it. Where the path lost nothing lately a silence is likelier a late or stalled peer, and
+        probes one packet (:meth:`_next_loss`).
+        """
+        if not self._probes:
+            due = now - self.window.probe_timeout
+            return [t, *(u for u, e in self._outstanding.items() if e[1] and e[0] <= due and u != t)], 1
+        order = list(self._outstanding)
+        count = 4 ** min(self._probes, BURST_STEPS)
+        return order[:count], -(-count // len(order))
+
+    def _resend(self, t: int, why: int, now: float) -> None:
+        """Send entry ``t`` again (``why``: LOST, PROBE or TIMEOUT), or ask the switch first where the
+        job does, unless it said this worker's contribution is missing (and a lone worker has no one
+        else to blame); its old timer goes stale."""
+        retries = self._outstanding[t][1]
+        if (self.params.ask_first and self.params.n_workers > 1
+                and not (retries and self._outstanding[t][6] == SENT)):
+            # A run found lost at once (sent together, found together) asks one QUERY, whose answer
+            # holds for all of it (_receive_pending): not a QUERY and a PENDING a packet of the run.
+            if why == LOST and not retries:
+                run = (now, self._outstanding[t][2])
+                if run == self._run_asked:
+                    self._send(t, now, 1, ASKED, post=False)
+                    return
+                self._run_asked = run
+            self.queries += 1
+            self._send(t, now, retries + 1, ASKED)
+        else:
+            self.retransmissions += 1
+            self._send(t, now, retries + 1)
 
     def pending(self) -> list[tuple[int, int, int]]:
         """(chunk id, slot, copy) of every outstanding packet, oldest first."""

@@ -50,6 +50,10 @@ class Impairment:
     # the packets a worker sends at once go as one message (GSO: one super-packet, up to 64 datagrams) that a
     # loss takes whole: ``loss`` is then the share of messages lost
     whole: bool = False
+    # a loss darkens the hop the link leads to: it then drops the next ``dark`` packets that reach it, from every
+    # sender, however far apart they come (a count, not a time: the loss bench's nftables rule, ``numgen inc``, at
+    # each hop's input); ``loss`` stays the share of packets lost
+    dark: int = 0
 
 
 @dataclass
@@ -206,6 +210,7 @@ class SimNet:
             self.switches[SWITCH] = self.model
         self.rng = random.Random(self.seed)
         self._dropping: dict = {}  # link -> (packets of its lost run still to drop, until when)
+        self._dark: dict = {}  # hop -> packets reaching it still to drop (Impairment.dark)
         self.dropped = 0  # packets the links lost
         self._events: list = []
         self._seq = itertools.count()
@@ -221,16 +226,23 @@ class SimNet:
         return w
 
     def _transmit(self, imp: Impairment, dst, data: bytes, src) -> None:
-        link = (src, dst)
-        left, until = self._dropping.get(link, (0, 0.0))
-        if left and self.now <= until:  # the rest of a lost run: the packets that follow at once
-            self._dropping[link] = (left - 1, until)
-            self.dropped += 1
-            return
-        if self.rng.random() < imp.loss / imp.run:
-            self._dropping[link] = (imp.run - 1, self.now + RUN_SPAN)
-            self.dropped += 1
-            return
+        if imp.dark:  # the hop's count of packets, every sender's
+            left = self._dark.get(dst, 0)
+            if left or self.rng.random() < imp.loss / imp.dark:
+                self._dark[dst] = (left or imp.dark) - 1
+                self.dropped += 1
+                return
+        else:
+            link = (src, dst)
+            left, until = self._dropping.get(link, (0, 0.0))
+            if left and self.now <= until:  # the rest of a lost run: the packets that follow at once
+                self._dropping[link] = (left - 1, until)
+                self.dropped += 1
+                return
+            if self.rng.random() < imp.loss / imp.run:
+                self._dropping[link] = (imp.run - 1, self.now + RUN_SPAN)
+                self.dropped += 1
+                return
         copies = 2 if self.rng.random() < imp.dup else 1
         for _ in range(copies):
             at = self.now + imp.latency + self.rng.random() * imp.jitter
