@@ -1226,14 +1226,13 @@ def test_a_run_found_lost_at_once_asks_one_query(impl):
     assert reds[0].done
 
 
-def _calls_under_runs(impl: str, ask_first: bool, loss: float, seed: int) -> np.ndarray:
-    """7 workers' calls of several sizes (int32, every sum checked) where a loss takes a worker's sends at
-    once whole (GSO) and runs of results (a queue): each call's virtual time."""
+def _timed_calls(impl: str, ask_first: bool, up: Impairment, down: Impairment, seed: int,
+                 progress_timeout: float = 5.0) -> np.ndarray:
+    """7 workers' calls of several sizes (int32, every sum checked) on links ``up`` and ``down``: each call's
+    virtual time."""
     job = Job(n=7, slots=64, k=16, ask_first=ask_first)
     model = SwitchModel(64)
     model.add_job(job.entry())
-    up = Impairment(loss=loss, latency=0.0005, jitter=0.0002, whole=True)
-    down = Impairment(loss=loss, latency=0.0005, jitter=0.0002, run=16)
     net = SimNet(model, up, down, seed=seed, impl=impl, batching=Batching(wake=0.0005, messages=8, segments=64))
     ws = [net.add_worker(job, r) for r in range(job.n)]
     rng = np.random.default_rng(seed)
@@ -1242,34 +1241,24 @@ def _calls_under_runs(impl: str, ask_first: bool, loss: float, seed: int) -> np.
         xs = [rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(job.n)]
         start = net.now
         for w, x in zip(ws, xs, strict=True):
-            net.start(w, x)
+            net.start(w, x, progress_timeout=progress_timeout)
         net.run()
         assert all(w.error is None and np.array_equal(w.out, np.sum(xs, axis=0)) for w in ws)
         times.append(net.now - start)
     return np.array(times)
+
+
+def _calls_under_runs(impl: str, ask_first: bool, loss: float, seed: int) -> np.ndarray:
+    """Calls where a loss takes a worker's sends at once whole (GSO) and runs of results (a queue)."""
+    return _timed_calls(impl, ask_first, Impairment(loss=loss, latency=0.0005, jitter=0.0002, whole=True),
+                        Impairment(loss=loss, latency=0.0005, jitter=0.0002, run=16), seed)
 
 
 def _calls_under_dark_hops(impl: str, ask_first: bool, loss: float, seed: int) -> np.ndarray:
-    """7 workers' calls of several sizes (int32, every sum checked) where a loss darkens the hop it
-    happens at (the switch's input, or a worker's) for the next 64 packets reaching it, as the loss
-    bench's runs do: each call's virtual time."""
-    job = Job(n=7, slots=64, k=16, ask_first=ask_first)
-    model = SwitchModel(64)
-    model.add_job(job.entry())
+    """Calls where a loss darkens the hop it happens at (the switch's input, or a worker's) for the next 64
+    packets reaching it, as the loss bench's runs do."""
     hop = Impairment(loss=loss, latency=0.0005, jitter=0.0002, dark=64)
-    net = SimNet(model, hop, hop, seed=seed, impl=impl, batching=Batching(wake=0.0005, messages=8, segments=64))
-    ws = [net.add_worker(job, r) for r in range(job.n)]
-    rng = np.random.default_rng(seed)
-    times = []
-    for size in [4000, 16, 1000, 3, 4000, 300, 50, 2000, 7, 900]:
-        xs = [rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(job.n)]
-        start = net.now
-        for w, x in zip(ws, xs, strict=True):
-            net.start(w, x, progress_timeout=30.0)
-        net.run()
-        assert all(w.error is None and np.array_equal(w.out, np.sum(xs, axis=0)) for w in ws)
-        times.append(net.now - start)
-    return np.array(times)
+    return _timed_calls(impl, ask_first, hop, hop, seed, progress_timeout=30.0)
 
 
 @pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
