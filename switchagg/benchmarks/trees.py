@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -67,7 +66,7 @@ from ..jobs import new_generation
 from ..loopback import spawn_switch
 from ..tree import LeafSpec, TreeConfig
 from ..wire import MAX_WORKERS, P4_VALUES_PER_PACKET, default_slot_count
-from .links import shape_links, stopped_by_sigterm
+from .links import qdisc_stats, shape_links, stopped_by_sigterm
 from .loss import NETNS_TOOLS, digest, drop_match, own_prefix, teardown
 from .tasks import TaskWorkers, serve
 
@@ -137,6 +136,7 @@ class Bed:
 
     def __init__(self, leaves: int, per_leaf: int, prefix: str) -> None:
         self.leaves, self.per_leaf, self.prefix = leaves, per_leaf, prefix
+        self.shaped = False
         teardown(prefix)
         self._router(self.spine, f"{SPINE_IP}/24")
         for leaf in range(leaves):
@@ -242,15 +242,14 @@ class Bed:
         head = f"{self.prefix}-w"
         return int(ns[len(head):]) if ns.startswith(head) else None
 
+    def shape(self, mbit: float) -> None:
+        """Every link at ``mbit``, each end's egress by tbf (:func:`~switchagg.benchmarks.links.shape_links`)."""
+        shape_links(self.links(), mbit, (K,), "the tree bench")
+        self.shaped = True
+
     def queue_drops(self) -> int:
         """The packets tbf dropped on every shaped end so far (0 where no link is shaped)."""
-        from .. import netns
-
-        total = 0
-        for ns, dev in self.links():
-            for q in json.loads(netns.sh("tc", "-j", "-s", "qdisc", "show", "dev", dev, ns=ns).stdout):
-                total += q.get("drops", 0) if q.get("kind") == "tbf" else 0
-        return total
+        return sum(qdisc_stats(ns, dev)["drops"] for ns, dev in self.links()) if self.shaped else 0
 
     def drops(self) -> int:
         """The packets the drop rules took in every namespace since :meth:`impair`."""
@@ -494,7 +493,7 @@ def run_tree_bench(*, shape: str, rates: Sequence[float] = RATES, values: int = 
         try:
             bed = _build(leaves, per_leaf, prefix)
             if link_rate:
-                shape_links(bed.links(), link_rate, (K,), "the tree bench")
+                bed.shape(link_rate)
             rows = _bench(bed, rates, common, env)
         finally:
             teardown(prefix)
