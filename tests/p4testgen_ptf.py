@@ -48,17 +48,18 @@ from pathlib import Path
 import numpy as np
 
 from switchagg.frames import ETH_IP_UDP_SIZE, ipv4_checksum
-from switchagg.jobs import GlobalDrop, JobCounter, JobEntry
+from switchagg.jobs import GlobalDrop, JobCounter, JobEntry, Uplink
 from switchagg.switch.model import SwitchModel
 from switchagg.targets.p4c import P4_DIR
-from switchagg.targets.p4job import MAX_JOBS, NUM_SLOTS
+from switchagg.targets.p4job import MAX_JOBS, NUM_SLOTS, PARENT_FLAG
 from switchagg.targets.tofino_build import Chip
 from switchagg.wire import FLAG_OWNER, HEADER_SIZE, P4_VALUES_PER_PACKET, UDP_PORT, VERSION, PacketType
 
 P4TESTGEN = "p4testgen"
 TOOL_DIRS = ("/opt/tofino/bin",)
 HALF = P4_VALUES_PER_PACKET // 2  # values per pass (p4/tna/include/types.p4)
-RECIRC_SIZE = 18  # hdr.recirc, in front of a recirculated contribution
+RECIRC_FIELDS = ("cell", "job_index", "ingress_port", "worker_bit", "other_workers", "all_workers")
+TREE_RECIRC_FIELDS = (*RECIRC_FIELDS, "parent_bit")  # where the program serves trees (SA_TREES)
 BRIDGE_NONE, BRIDGE_FLOOD, BRIDGE_RESULT = 0, 1, 2  # SA_BRIDGE_* (types.p4)
 
 # Per chip: p4testgen's target and architecture, the chip's macro, the ports its tests may use: 64 of pipe
@@ -74,8 +75,10 @@ CHIPS = {
 
 # What a control plane and earlier packets can produce, as P4Testgen path constraints in a copy of the
 # program: an admission entry as p4job.plan and tofino.py write it (rank r of n: bit 1 << r, the job's
-# workers (1 << n) - 1, slots inside the pool, the pipe's recirculation port), and a copy's worker bitmap
-# as packets leave it (the job's workers only, never empty once a run's generation is in the tag).
+# workers (1 << n) - 1, slots inside the pool, the pipe's recirculation port; with trees, a level's parent
+# is worker n, its bit in every entry, 0 in a flat job's), and a copy's worker bitmap as packets leave it
+# (the job's workers only, never empty once a run's generation is in the tag; the parent's bit only once
+# every child's is there).
 _ADMIT_ASSUMPTIONS = """\
         testgen_assume(job_index < SA_MAX_JOBS);
         testgen_assume(hdr.sa.worker < SA_MAX_WORKERS && worker_bit == 32w1 << (bit<32>)hdr.sa.worker);
@@ -83,20 +86,48 @@ _ADMIT_ASSUMPTIONS = """\
         testgen_assume(other_workers == all_workers & ~worker_bit);
         testgen_assume(slot_count != 0 && (bit<17>)slot_base + (bit<17>)slot_count <= SA_NUM_SLOTS);
         testgen_assume(recirc_port == SA_TESTGEN_RECIRC_PORT);
+#ifdef SA_TREES
+        testgen_assume(parent_bit == 0 || parent_bit == (all_workers >> 1) + 1 && worker_bit != parent_bit);
+#endif
 """
-_WORKERS_ASSUMPTION = "            testgen_assume(value != 0 && value & ~md.all_workers == 0);\n"
+# A level's entry for its parent's RESULTs (tofino.py's _admit_result): n >= 1 children, the parent bit n.
+_ADMIT_RESULT_ASSUMPTIONS = """\
+        testgen_assume(job_index < SA_MAX_JOBS);
+        testgen_assume(all_workers > 1 && all_workers & (all_workers + 1) == 0 && parent_bit == (all_workers >> 1) + 1);
+        testgen_assume(other_workers == all_workers & ~parent_bit);
+        testgen_assume(slot_count != 0 && (bit<17>)slot_base + (bit<17>)slot_count <= SA_NUM_SLOTS);
+        testgen_assume(recirc_port == SA_TESTGEN_RECIRC_PORT);
+"""
+_WORKERS_ASSUMPTION = """\
+            testgen_assume(value != 0 && value & ~md.all_workers == 0);
+#ifdef SA_TREES
+            testgen_assume(value & md.parent_bit == 0 || value == md.all_workers);
+#endif
+"""
 
 # What arrives on the recirculation port is what the first pass sends there (recirculate() in main.p4): a
 # contribution the parser took as well formed (IPv4 of 20 bytes, unfragmented, UDP to the switchagg port,
 # the lengths of K values; version 1, CONTRIB, no flag but the copy, worker < 32, owner 0, count K), of a
 # run's generation (admission drops 0), behind the recirculation header admission filled in: the cell
 # slot_base + slot inside the pool (so at least the slot), a job index, the host port it came in on, and
-# the worker bits of an admission entry as above. P4Testgen otherwise makes up any bits for all of it.
+# the worker bits of an admission entry as above; with trees, also a parent's RESULT, whose worker bit is
+# the parent's. P4Testgen otherwise makes up any bits for all of it.
 _SECOND_PASS_ASSUMPTIONS = """\
         testgen_assume(hdr.recirc.cell < SA_NUM_SLOTS && hdr.sa.slot <= hdr.recirc.cell);
         testgen_assume(hdr.recirc.job_index < SA_MAX_JOBS);
         testgen_assume(hdr.recirc.ingress_port < 512 && hdr.recirc.ingress_port != SA_TESTGEN_RECIRC_PORT);
+#ifdef SA_TREES
+        testgen_assume(hdr.sa.worker < SA_MAX_WORKERS);
+        testgen_assume(hdr.sa.type == SA_TYPE_CONTRIB && hdr.recirc.worker_bit == 32w1 << (bit<32>)hdr.sa.worker
+                       && (hdr.recirc.parent_bit == 0 || hdr.recirc.parent_bit == (hdr.recirc.all_workers >> 1) + 1
+                           && hdr.recirc.worker_bit != hdr.recirc.parent_bit)
+                       || hdr.sa.type == SA_TYPE_RESULT && hdr.recirc.all_workers > 1
+                          && hdr.recirc.parent_bit == (hdr.recirc.all_workers >> 1) + 1
+                          && hdr.recirc.worker_bit == hdr.recirc.parent_bit);
+#else
         testgen_assume(hdr.sa.worker < SA_MAX_WORKERS && hdr.recirc.worker_bit == 32w1 << (bit<32>)hdr.sa.worker);
+        testgen_assume(hdr.sa.type == SA_TYPE_CONTRIB);
+#endif
         testgen_assume(hdr.recirc.all_workers & (hdr.recirc.all_workers + 1) == 0
                        && hdr.recirc.all_workers & hdr.recirc.worker_bit != 0);
         testgen_assume(hdr.recirc.other_workers == hdr.recirc.all_workers & ~hdr.recirc.worker_bit);
@@ -104,8 +135,7 @@ _SECOND_PASS_ASSUMPTIONS = """\
                        && hdr.ipv4.frag_offset == 0 && hdr.ipv4.protocol == SA_IP_PROTOCOL_UDP);
         testgen_assume(hdr.ipv4.total_len == SA_CONTRIB_IP_BYTES
                        && hdr.udp.dst_port == SA_UDP_PORT && hdr.udp.length == SA_CONTRIB_UDP_BYTES);
-        testgen_assume(hdr.sa.version == SA_VERSION && hdr.sa.type == SA_TYPE_CONTRIB
-                       && hdr.sa.flags & ~SA_FLAG_COPY == 0);
+        testgen_assume(hdr.sa.version == SA_VERSION && hdr.sa.flags & ~SA_FLAG_COPY == 0);
         testgen_assume(hdr.sa.owner == 0 && hdr.sa.count == SA_VALUES && hdr.sa.generation != 0);
 """
 
@@ -151,7 +181,9 @@ def prepare_program(chip: Chip, dest: Path) -> Path:
             raise AssertionError(f"p4/tna/{name}: expected {count} of {anchor!r} to change for P4Testgen")
         path.write_text(src.replace(anchor, text if replace else anchor + text))
 
-    patch("admission.p4", "        md.admitted = 1;\n", _ADMIT_ASSUMPTIONS)
+    patch("admission.p4", "        md.admitted = 1;\n        md.job_index = job_index;\n        md.cell = slot_base + "
+          "hdr.sa.slot;\n        md.generation = generation;\n", _ADMIT_ASSUMPTIONS)  # admit's, not admit_result's
+    patch("admission.p4", "        md.parent_bit = parent_bit;\n        hdr.sa.job = job;\n", _ADMIT_RESULT_ASSUMPTIONS)
     parser = root / "tna" / "parser.p4"  # the first of the patched files main.p4 includes
     parser.write_text(f"#include <testgen.p4>\n#define SA_TESTGEN_RECIRC_PORT {recirc}\n" + parser.read_text())
     patch("parser.p4", "            recirculation_ports: second_pass;\n",
@@ -163,7 +195,7 @@ def prepare_program(chip: Chip, dest: Path) -> Path:
           _pinned("vals_active", "vals_tail"))
     patch("values.p4", "        void apply(inout bit<32> value, out bit<32> sum) { \\\n", _REGISTER_ASSUMPTION,
           count=2)  # add's and read's
-    for action, out in (("workers_add", "before"), ("workers_read", "held")):
+    for action, out in (("workers_add", "before"), ("workers_read", "held"), ("workers_take", "taken")):
         head = f"(workers) {action} = {{\n        void apply(inout bit<32> value, out bit<32> {out}) {{\n"
         patch("aggregation.p4", head, _WORKERS_ASSUMPTION)
     return root / "tna" / "main.p4"
@@ -197,7 +229,7 @@ def generate(chip: Chip, out: Path, *, max_tests: int = 0, seed: int = 1, timeou
     target, arch, n, ports = CHIPS[chip]
     main = prepare_program(chip, out)
     tests = out / "tests"
-    command = [tool, "--target", target, "--arch", arch, "--std", "p4-16", f"-D__TARGET_TOFINO__={n}",
+    command = [tool, "--target", target, "--arch", arch, "--std", "p4-16", f"-D__TARGET_TOFINO__={n}", *chip.defines(),
                "--max-tests", str(max_tests), "--seed", str(seed), "--out-dir", str(tests), "--test-backend", "PTF",
                "--track-coverage", "STATEMENTS", "--port-ranges", ports, str(main)]
     log = out / "p4testgen.log"
@@ -362,6 +394,7 @@ def counted(trace: str) -> list[tuple[str, int, int]] | None:
 # ---- translation into a job and copy state ---------------------------------------------------------
 
 ADMISSION = "SaIngress.admission.admission"
+ADMIT, ADMIT_RESULT = "SaIngress.admission.admit", "SaIngress.admission.admit_result"
 FIRST_HALF = ("SaIngress.first_half.tag_generation", "SaIngress.first_half.tag_chunk", "SaIngress.first_half.workers")
 SECOND_HALF = ("SaIngress.second_half.tag_generation", "SaIngress.second_half.tag_chunk",
                "SaIngress.second_half.workers")
@@ -375,7 +408,8 @@ class Unmappable(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Recirc:
-    """``hdr.recirc`` in front of a second pass's packet: what admission found in the first pass."""
+    """``hdr.recirc`` in front of a second pass's packet: what admission found in the first pass (with trees,
+    the parent's bit too)."""
 
     cell: int
     job_index: int
@@ -383,10 +417,22 @@ class Recirc:
     worker_bit: int
     other_workers: int
     all_workers: int
+    parent_bit: int = 0
+
+    @staticmethod
+    def size(trees: bool) -> int:
+        return struct.calcsize(Recirc.format(trees))
+
+    @staticmethod
+    def format(trees: bool) -> str:
+        return ">HHHIII" + "I" * trees
 
     @classmethod
-    def unpack(cls, data: bytes) -> Recirc:
-        return cls(*struct.unpack(">HHHIII", data[:RECIRC_SIZE]))
+    def unpack(cls, data: bytes, trees: bool) -> Recirc:
+        return cls(*struct.unpack(cls.format(trees), data[:cls.size(trees)]))
+
+    def pack(self, trees: bool) -> bytes:
+        return struct.pack(self.format(trees), *dataclasses.astuple(self)[:7 if trees else 6])
 
 
 @dataclasses.dataclass
@@ -400,11 +446,26 @@ class Setup:
     worker_bits: tuple[int, int, int] | None  # worker_bit, other_workers, all_workers
     recirc_port: int | None
     recirc: Recirc | None = None
+    trees: bool = False  # the program serves trees (Chip.trees: compiled with SA_TREES)
+    parent_bit: int = 0  # a level of a tree: its parent's bit in all_workers
 
 
 def _placeholder(rank: int) -> tuple[str, int]:
     """An address for a rank the test sends nothing from (its admission entry is not in the test)."""
     return (f"198.51.100.{rank + 1}", 50000 + rank)  # TEST-NET-2: never a P4Testgen source
+
+
+# Where a level's partials go, in a test whose entry says only that the job has a parent: the model's emits to it
+# give the exponent and the values (egress writes the rest, from the control plane's replica entry).
+PARENT = Uplink(("203.0.113.1", UDP_PORT), 0xFFFF, 31, 0)  # TEST-NET-3
+
+
+def _children(parent_bit: int, all_workers: int) -> int:
+    """A level's children, where ``parent_bit`` is bit n of ``all_workers`` = (1 << (n + 1)) - 1 (else Unmappable)."""
+    n = parent_bit.bit_length() - 1
+    if n < 1 or parent_bit != 1 << n or all_workers != (1 << (n + 1)) - 1:
+        raise Unmappable(f"parent_bit {parent_bit:#x} with all_workers {all_workers:#x}: no level's parent")
+    return n
 
 
 def _check_rank(rank: int, bit: int, other: int, all_workers: int) -> int:
@@ -432,25 +493,40 @@ def translate(test: PtfTest, chip: Chip) -> Setup:
         raise Unmappable(f"entries in {sorted(set(others))}, which this harness does not translate")
     if len(entries) > 1:
         raise Unmappable("more than one admission entry")
-    setup = Setup(model, None, None, None, None)
+    setup = Setup(model, None, None, None, None, trees=chip.trees)
     if entries:
         _, key, action, data = entries[0]
-        if action != "SaIngress.admission.admit":
+        if action not in (ADMIT, ADMIT_RESULT):
             raise Unmappable(f"admission action {action}")
-        rank, all_workers, bit = key["worker"], data["all_workers"], data["worker_bit"]
-        n = _check_rank(rank, bit, data["other_workers"], all_workers)
         if not 0 < data["slot_count"] <= NUM_SLOTS - data["slot_base"]:
             raise Unmappable(f"slots {data['slot_base']}+{data['slot_count']} outside the pool of {NUM_SLOTS}")
         if data["job_index"] >= MAX_JOBS:
             raise Unmappable(f"job index {data['job_index']} >= {MAX_JOBS}")
         if data["recirc_port"] != chip.recirculation_port:
             raise Unmappable(f"recirc_port {data['recirc_port']}, not pipe 0's ({chip.recirculation_port})")
-        workers = [_placeholder(r) for r in range(n)]
-        workers[rank] = (str(ipaddress.IPv4Address(key["src_addr"])), key["src_port"])
-        job = JobEntry(key["job"], data["generation"], key["key"], data["slot_base"], data["slot_count"],
-                       P4_VALUES_PER_PACKET, tuple(workers))
+        source = (str(ipaddress.IPv4Address(key["src_addr"])), key["src_port"])
+        parent_bit, all_workers = data.get("parent_bit", 0), data["all_workers"]
+        if action == ADMIT_RESULT:  # a level's parent's RESULTs: the job the entry's (job, key), the parent the key's
+            n = _children(parent_bit, all_workers)
+            if data["other_workers"] != all_workers & ~parent_bit:
+                raise Unmappable(f"other_workers {data['other_workers']:#x}: not the children of {all_workers:#x}")
+            up = Uplink(source, key["job"], key["worker"], key["key"])
+            job = JobEntry(data["job"], 1, data["key"], data["slot_base"], data["slot_count"], P4_VALUES_PER_PACKET,
+                           tuple(_placeholder(r) for r in range(n)), up)
+            bit = parent_bit
+        else:
+            rank, bit = key["worker"], data["worker_bit"]
+            children = all_workers & ~parent_bit
+            n = _check_rank(rank, bit, data["other_workers"] & ~parent_bit, children)
+            if parent_bit and parent_bit != 1 << n:
+                raise Unmappable(f"parent_bit {parent_bit:#x} of a job of {n} workers")
+            workers = [_placeholder(r) for r in range(n)]
+            workers[rank] = source
+            job = JobEntry(key["job"], data["generation"], key["key"], data["slot_base"], data["slot_count"],
+                           P4_VALUES_PER_PACKET, tuple(workers), PARENT if parent_bit else None)
         model.add_job(job)
-        setup = Setup(model, job, data["job_index"], (bit, data["other_workers"], all_workers), data["recirc_port"])
+        setup = Setup(model, job, data["job_index"], (bit, data["other_workers"], all_workers), data["recirc_port"],
+                      trees=chip.trees, parent_bit=parent_bit)
     _set_registers(test, setup, FIRST_HALF)
     return setup
 
@@ -473,26 +549,41 @@ def _translate_second_pass(test: PtfTest, chip: Chip) -> Setup:
     if test.entries:
         raise Unmappable(f"entries in {sorted({e[0] for e in test.entries})}: the second pass applies no table of the "
                          "control plane's")
-    if len(test.packet) < RECIRC_SIZE + ETH_IP_UDP_SIZE + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET:
+    size = Recirc.size(chip.trees)
+    if len(test.packet) < size + ETH_IP_UDP_SIZE + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET:
         raise Unmappable("shorter than a recirculated contribution, which the first pass never sends")
-    recirc = Recirc.unpack(test.packet)
-    frame = test.packet[RECIRC_SIZE:]
+    recirc = Recirc.unpack(test.packet, chip.trees)
+    frame = test.packet[size:]
     h = _header_fields(frame[ETH_IP_UDP_SIZE:])
-    n = _check_rank(h["worker"], recirc.worker_bit, recirc.other_workers, recirc.all_workers)
+    source = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
+    parent = recirc.parent_bit
+    if h["type"] == PacketType.RESULT:
+        # A parent's RESULT, its job and key made this job's by the first pass's admission: the model takes it
+        # from a parent whose job and key are those (its emits down carry the job's, the same).
+        n = _children(parent, recirc.all_workers)
+        if recirc.worker_bit != parent or recirc.other_workers != recirc.all_workers & ~parent:
+            raise Unmappable(f"a RESULT with worker_bit {recirc.worker_bit:#x}: not its parent's")
+        workers = [_placeholder(r) for r in range(n)]
+        up = Uplink(source, h["job"], h["worker"], h["key"])
+    else:
+        n = _check_rank(h["worker"], recirc.worker_bit, recirc.other_workers & ~parent, recirc.all_workers & ~parent)
+        if parent and parent != 1 << n:
+            raise Unmappable(f"parent_bit {parent:#x} of a job of {n} workers")
+        workers = [_placeholder(r) for r in range(n)]
+        workers[h["worker"]] = source
+        up = PARENT if parent else None
     if not h["slot"] <= recirc.cell < NUM_SLOTS:
         raise Unmappable(f"cell {recirc.cell} for slot {h['slot']}: no job's slot in the pool")
     if recirc.job_index >= MAX_JOBS:
         raise Unmappable(f"job index {recirc.job_index} >= {MAX_JOBS}")
     if recirc.ingress_port >= 1 << 9 or recirc.ingress_port == chip.recirculation_port:
         raise Unmappable(f"came in on port {recirc.ingress_port}, not a host's")
-    workers = [_placeholder(r) for r in range(n)]
-    workers[h["worker"]] = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))
     job = JobEntry(h["job"], h["generation"], h["key"], recirc.cell - h["slot"], h["slot"] + 1, P4_VALUES_PER_PACKET,
-                   tuple(workers))
+                   tuple(workers), up)
     model = SwitchModel(num_slots=NUM_SLOTS)
     model.add_job(job)
     bits = (recirc.worker_bit, recirc.other_workers, recirc.all_workers)
-    setup = Setup(model, job, recirc.job_index, bits, chip.recirculation_port, recirc)
+    setup = Setup(model, job, recirc.job_index, bits, chip.recirculation_port, recirc, chip.trees, parent)
     _set_registers(test, setup, SECOND_HALF)
     i = 2 * recirc.cell + (h["flags"] & 1)
     repeat = model.tag[i] == h["generation"] << 32 | h["chunk"] and model.bitmap[i] & recirc.worker_bit
@@ -528,7 +619,12 @@ def _set_registers(test: PtfTest, setup: Setup, half: tuple[str, str, str]) -> N
             raise Unmappable(f"copy {i}: generation 0 with chunk {chunk:#x}, workers {bitmap:#x} (never written)")
         if setup.worker_bits and bitmap & ~setup.worker_bits[2]:
             raise Unmappable(f"copy {i}: workers {bitmap:#x}, not the job's")
-        model.tag[i], model.bitmap[i], model.count[i] = gen << 32 | chunk, bitmap, bitmap.bit_count()
+        # A level's copy with its parent's bit holds the parent's result: the model's count n + 1, its bitmap
+        # the children's (all of them: the program sets the bit only there).
+        parent = bitmap & setup.parent_bit
+        if parent and bitmap != setup.worker_bits[2]:
+            raise Unmappable(f"copy {i}: workers {bitmap:#x}, the parent's bit without every child's")
+        model.tag[i], model.bitmap[i], model.count[i] = gen << 32 | chunk, bitmap & ~parent, bitmap.bit_count()
     for i, value in test.registers.get(EXPONENT, {}).items():
         model.exponent[i] = value - 256 if value & 0x80 else value  # int<8>
     for reg, cells in test.registers.items():
@@ -586,8 +682,9 @@ def _frame_emits(frame: bytes, recirc: bytes | None, values: bool) -> list[dict[
     udp = dict(zip(("src_port", "dst_port", "length", "checksum"), struct.unpack(">HHHH", frame[34:42]), strict=True))
     out = []
     if recirc is not None:
-        out.append(dict(zip(("cell", "job_index", "ingress_port", "worker_bit", "other_workers", "all_workers"),
-                            struct.unpack(">HHHIII", recirc), strict=True)))
+        trees = len(recirc) == Recirc.size(True)
+        out.append(dict(zip(TREE_RECIRC_FIELDS if trees else RECIRC_FIELDS, struct.unpack(Recirc.format(trees), recirc),
+                            strict=True)))
     out += [eth, ipv4, udp, _header_fields(frame[ETH_IP_UDP_SIZE:])]
     if values:
         start = ETH_IP_UDP_SIZE + HEADER_SIZE
@@ -630,7 +727,7 @@ def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
     and the difference named.
     """
     if setup.recirc is not None:
-        return _second_pass_expectation(setup, frame[RECIRC_SIZE:])
+        return _second_pass_expectation(setup, frame[Recirc.size(setup.trees):])
     model, job = setup.model, setup.job
     difference = None
     datagram = _datagram(frame)
@@ -652,16 +749,21 @@ def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
     events = {e for kind, e in deltas if kind != "global"}
     bridge = {"kind": BRIDGE_NONE, "ingress_port": port}
     if events & {JobCounter.CONTRIBUTIONS, JobCounter.RESULTS_MULTICAST, JobCounter.RESULTS_UNICAST,
-                 JobCounter.DUPLICATE_PENDING}:
-        # A contribution that reached the values: the first pass sends it round with its first half done
+                 JobCounter.DUPLICATE_PENDING, JobCounter.PARTIALS_RESENT, JobCounter.RESULTS_FROM_PARENT}:
+        # A contribution that reached the values, or a parent's RESULT a copy took (admission made its job and
+        # key this job's): the first pass sends it round with its first half done
         h = _header_fields(frame[ETH_IP_UDP_SIZE:])
         bit, other, all_workers = setup.worker_bits
-        recirc = struct.pack(">HHHIII", job.slot_base + h["slot"], index, port, bit, other, all_workers)
-        start = ETH_IP_UDP_SIZE + HEADER_SIZE
+        recirc = Recirc(job.slot_base + h["slot"], index, port, bit, other, all_workers, setup.parent_bit)
+        head = bytearray(frame[:ETH_IP_UDP_SIZE + HEADER_SIZE])
+        if h["type"] == PacketType.RESULT:
+            struct.pack_into(">H", head, ETH_IP_UDP_SIZE + 4, job.job_id)
+            struct.pack_into(">I", head, ETH_IP_UDP_SIZE + 16, job.key)
         first = model.values[i][:HALF].astype(">i4").tobytes()
-        out = recirc + frame[:start] + first + frame[start + 4 * HALF:]
+        packed = recirc.pack(setup.trees)
+        out = packed + bytes(head) + first + frame[len(head) + 4 * HALF:]
         counted = [c for c in counters if c[2] == JobCounter.CONTRIBUTIONS]
-        return Expectation([(setup.recirc_port, out)], [bridge, *_frame_emits(out[RECIRC_SIZE:], recirc, True)],
+        return Expectation([(setup.recirc_port, out)], [bridge, *_frame_emits(out[len(packed):], packed, True)],
                            counted, difference)
     if emits:
         (emit,) = emits  # a probe's reply or a query's PENDING: back to the sender alone
@@ -693,15 +795,27 @@ def _second_pass_expectation(setup: Setup, frame: bytes) -> Expectation:
     h = _header_fields(frame[ETH_IP_UDP_SIZE:])
     start = ETH_IP_UDP_SIZE + HEADER_SIZE
     end = start + 4 * P4_VALUES_PER_PACKET
-    if ("job", setup.job_index, JobCounter.RESULTS_MULTICAST) in counters:
-        own = emits[h["worker"]]
+    events = {e for kind, _, e in counters if kind == "job"}
+    bridge = {"kind": BRIDGE_RESULT, "ingress_port": setup.recirc_port}
+    if events & {JobCounter.RESULTS_MULTICAST, JobCounter.RESULTS_FROM_PARENT}:
+        # Down to every worker: egress makes each replica its worker's (addresses, type, rank); ingress sends the
+        # packet's header as it has it (a contribution's, or the parent's RESULT with the job's id and key)
+        own = emits[0]
         for rank, (emit, dst) in enumerate(zip(emits, job.workers, strict=True)):
             assert emit.dst == dst and emit.header == own.header._replace(worker=rank), (rank, emit, own)
-            assert np.array_equal(emit.values, own.values), f"replica {rank}'s values differ from the sender's"
-        header = own.header._replace(type=PacketType.CONTRIB).pack()
+            assert np.array_equal(emit.values, own.values), f"replica {rank}'s values differ from rank 0's"
+        header = own.header._replace(type=h["type"], worker=h["worker"]).pack()
         out = frame[:6] + frame[:6] + frame[12:ETH_IP_UDP_SIZE] + header + own.values.tobytes() + frame[end:]
-        bridge = {"kind": BRIDGE_RESULT, "ingress_port": setup.recirc_port}
         return Expectation([], [bridge, *_frame_emits(out, None, True)], counters, group=recirc.job_index + 1)
+    if events & {JobCounter.PARTIALS_UP, JobCounter.PARTIALS_RESENT}:
+        # Up to the parent through the job's uplink group: egress's to_parent writes its addresses, job, key and
+        # this switch's index; ingress sends the packet's header with the kept exponent, and the partial sum
+        (emit,) = emits
+        assert emit.dst == job.parent.address, f"the model sent the partial to {emit.dst}"
+        header = emit.header._replace(worker=h["worker"], job=h["job"], key=h["key"]).pack()
+        out = frame[:6] + frame[:6] + frame[12:ETH_IP_UDP_SIZE] + header + emit.values.tobytes() + frame[end:]
+        return Expectation([], [bridge, *_frame_emits(out, None, True)], counters,
+                           group=recirc.job_index + 1 | PARENT_FLAG)
     if emits:
         (emit,) = emits  # a repeat of a finished round: the stored sum back to its sender
         src = (socket.inet_ntoa(frame[26:30]), int.from_bytes(frame[34:36], "big"))

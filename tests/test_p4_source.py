@@ -212,6 +212,33 @@ TNA = P4 / "tna"
 TNA_TYPES = TNA / "include" / "types.p4"
 
 
+def tna(name: str, trees: bool = False) -> str:
+    """A file of p4/tna as the preprocessor gives it with ``SA_TREES`` defined (Tofino 2's build) or not
+    (Tofino 1's): the lines of the other branch of each ``#ifdef SA_TREES`` left out, every other line kept."""
+    out, keep = [], [True]  # per open conditional: whether its current branch is kept
+    kinds: list[bool] = []  # per open conditional: whether it is SA_TREES's
+    for line in (TNA / name).read_text().splitlines(keepends=True):
+        word = line.strip().split(" ")[0]
+        if word in ("#if", "#ifdef", "#ifndef"):
+            ours = line.split() == ["#ifdef", "SA_TREES"]
+            kinds.append(ours)
+            keep.append(keep[-1] and (trees if ours else True))
+            if ours:
+                continue
+        elif word in ("#else", "#endif") and kinds:
+            ours = kinds[-1]
+            if word == "#else":
+                keep[-1] = keep[-2] and (not trees if ours else True)
+            else:
+                kinds.pop()
+                keep.pop()
+            if ours:
+                continue
+        if keep[-1]:
+            out.append(line)
+    return "".join(out)
+
+
 def tna_typedefs() -> dict[str, int]:
     text = TNA_TYPES.read_text()
     return {"PortId_t": 9, **{n: int(b) for b, n in re.findall(r"typedef\s+bit<(\d+)>\s+(\w+);", text)}}
@@ -276,19 +303,29 @@ def test_tna_a_repeat_is_told_by_each_workers_bit():
     assert re.findall(r"\(SA_TAG_SAME, 32w1 << (\d+) &&& 32w1 << (\d+), (\d+)\): read\(\);", second) == every
 
 
-def test_tna_control_plane_names():
-    """The names docs/tofino.md gives the control plane, as the source declares them."""
-    admission = (TNA / "admission.p4").read_text()
+def _params(text: str, action: str) -> list[str]:
+    return [p.split()[-1] for p in re.search(rf"action {action}\((.*?)\)", text, re.S).group(1).split(",")]
+
+
+@pytest.mark.parametrize("trees", [False, True], ids=["tofino", "tofino2 (SA_TREES)"])
+def test_tna_control_plane_names(trees):
+    """The names docs/tofino.md gives the control plane, and the Tofino target writes, as the source declares
+    them, with trees (Tofino 2's build) and without (Tofino 1's)."""
+    from switchagg.targets import tofino
+
+    tables = tofino.TREE_TABLES if trees else tofino.TABLES
+    admission = tna("admission.p4", trees)
     keys = re.search(r"table admission \{\s*key = \{(.*?)\}", admission, re.S).group(1)
-    assert re.findall(r'@name\("(\w+)"\)', keys) == ["job", "worker", "src_addr", "src_port", "key"]
-    params = re.search(r"action admit\((.*?)\)", admission, re.S).group(1)
-    assert [p.split()[-1] for p in params.split(",")] == [
-        "job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers", "all_workers",
-        "recirc_port"]
-    egress = (TNA / "egress.p4").read_text()
+    assert tuple(re.findall(r'@name\("(\w+)"\)', keys)) == tables[tofino.ADMISSION][0]
+    actions = tables[tofino.ADMISSION][1]
+    assert tuple(_params(admission, "admit")) == actions[tofino.ADMIT]
+    assert (tuple(_params(admission, "admit_result")) == actions[tofino.ADMIT_RESULT]) if trees else (
+        "admit_result" not in admission and tofino.ADMIT_RESULT not in actions)
+    egress = tna("egress.p4", trees)
     assert 'eg_intr_md.egress_rid: exact @name("rid")' in egress
-    params = re.search(r"action to_worker\((.*?)\)", egress, re.S).group(1)
-    assert [p.split()[-1] for p in params.split(",")] == ["eth_dst", "ip_src", "ip_dst", "udp_dst", "worker"]
+    for action, params in tables[tofino.REPLICA][1].items():
+        assert tuple(_params(egress, action.split(".")[-1])) == params
+    assert ("to_parent" in egress) == trees
     assert 'hdr.ethernet.dst_addr: exact @name("eth_dst")' in (TNA / "forwarding.p4").read_text()
     assert "value_set<PortId_t>(4) recirculation_ports;" in (TNA / "parser.p4").read_text()
     main = (TNA / "main.p4").read_text()
@@ -299,7 +336,7 @@ def test_tna_control_plane_names():
 def test_tna_a_query_only_reads_the_first_half():
     """A query's RegisterActions (aggregation.p4) write nothing, the second half runs none of them, and
     its verdicts are tags no decision of the values matches (values.p4), so its op stays NONE."""
-    text = (TNA / "aggregation.p4").read_text()
+    text = tna("aggregation.p4")
     for name in ("tag_generation_peek", "tag_chunk_peek", "workers_read"):
         body = p4_block(text, f") {name} = {{")
         assert not re.search(r"\bvalue\s*=(?!=)", body), name
@@ -307,10 +344,10 @@ def test_tna_a_query_only_reads_the_first_half():
     assert re.findall(r"!second_half && md\.tag == (\w+)\) \{\s*(\w+)\(\);", apply) == [
         ("SA_TAG_PEEK", "peek_chunk"), ("SA_TAG_HELD", "read_workers")]
     assert "(1, _, _, 1): peek_generation();" in text and "(1, _, _, 0): check_generation();" in text
-    types = (TNA / "include" / "types.p4").read_text()
+    types = tna("include/types.p4")
     tags = {n: int(v) for n, v in re.findall(r"const bit<8> (SA_TAG_\w+) = (\d+);", types)}
     assert len(set(tags.values())) == len(tags) == 7
-    values = (TNA / "values.p4").read_text()
+    values = tna("values.p4")
     assert set(re.findall(r"\(0, _, (SA_TAG_\w+),", values)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}
     exponent = p4_block(text, "table exponent_op {")
     assert set(re.findall(r"\((SA_TAG_\w+),", exponent)) == {"SA_TAG_FRESH", "SA_TAG_SAME"}
@@ -333,13 +370,17 @@ def test_a_packet_of_any_generation_but_zero_is_taken():
     reply = v1model.index("action probe_reply()")
     assert len(uses) == 1 and reply < uses[0] < v1model.index("}", reply)  # the job's: the probe's reply only
 
-    tna = (TNA / "aggregation.p4").read_text()
-    entries = re.findall(r"\(([^()]*)\): (\w+)\(\);", p4_block(tna, "table admitted {"))
+    aggregation = tna("aggregation.p4")
+    entries = re.findall(r"\(([^()]*)\): (\w+)\(\);", p4_block(aggregation, "table admitted {"))
     assert entries == [("1, 0, _, _", "wrong_generation"), ("1, _, 0, _", "slot_out_of_range"),
                        ("1, _, _, 0", "check_generation"), ("1, _, _, 1", "peek_generation")]  # tried in order
-    assert "const default_action = drop_not_admitted();" in p4_block(tna, "table admitted {")
-    assert "hdr.sa.generation: ternary;" in p4_block(tna, "table admitted {")
-    main = (TNA / "main.p4").read_text()
+    assert "const default_action = drop_not_admitted();" in p4_block(aggregation, "table admitted {")
+    assert "hdr.sa.generation: ternary;" in p4_block(aggregation, "table admitted {")
+    trees = re.findall(r"\(([^()]*)\): (\w+)\(\);", p4_block(tna("aggregation.p4", True), "table admitted {"))
+    assert trees == [("1, 0, _, _, _", "wrong_generation"), ("1, _, 0, _, _", "slot_out_of_range"),
+                     ("1, _, _, 0, 0", "check_generation"), ("1, _, _, _, _", "peek_generation"),
+                     ("0, _, _, _, 1", "drop_malformed")]  # a parent's RESULT: the query's read, or malformed
+    main = tna("main.p4")
     assert re.search(r"hdr\.sa\.type == SA_TYPE_PROBE\) \{\s*probe_reply\(\);\s*"
                      r"\} else if \(hdr\.sa\.generation == 0\) \{[^\n]*\n\s*drop_job\(SA_JOB_WRONG_GENERATION\);", main)
     assert "hdr.sa.generation" not in p4_block((TNA / "admission.p4").read_text(), "action admit(")
@@ -374,3 +415,27 @@ def test_the_v1model_tree_constants_are_the_control_planes():
     assert int(bit, 16) == bmv2.TYPE_BIT_0 == 1 << 16
     assert [t for t in (wire.PacketType.CONTRIB, wire.PacketType.PROBE, wire.PacketType.QUERY,
                         wire.PacketType.RESULT) if not t & 1] == [wire.PacketType.RESULT]
+
+
+def test_tna_a_parent_s_result_starts_no_copy():
+    """With trees (docs/tofino.md, "Trees"), a parent's RESULT reads the tag in both halves with the query's
+    read-only actions, and its one write, the parent's bit, is where the half holds exactly the children: it
+    never starts a copy nor completes one that lacks a child. Its taken tag is the only new one a decision
+    matches, and it writes (replace: the values and the exponent), never adds."""
+    text = tna("aggregation.p4", True)
+    apply = p4_block(text[text.index("control CopyState"):], "    apply {")
+    assert re.search(r"\} else if \(md\.result == 1\) \{[^\n]*\n\s*peek_generation\(\);", apply)
+    assert re.search(r"\} else if \(md\.tag == SA_TAG_PEEK\) \{[^\n]*\n\s*peek_chunk\(\);", apply)
+    assert re.search(r"md\.tag == SA_TAG_HELD && md\.result == 1\) \{[^\n]*\n\s*take_workers\(\);", apply)
+    take = p4_block(text, ") workers_take = {")
+    assert re.findall(r"\bvalue\s*=(?!=)[^;]*;", take) == ["value = value | md.worker_bit;"]
+    assert take.index("if (value == md.other_workers) {") < take.index("value = value | md.worker_bit;")
+    values = tna("values.p4", True)
+    assert set(re.findall(r"\(0, _, (SA_TAG_\w+),", values)) == {"SA_TAG_FRESH", "SA_TAG_SAME", "SA_TAG_TAKE"}
+    assert "#define SA_DECIDE_TAKEN(write) (0, _, SA_TAG_TAKE, 1, _): write;" in values  # every decide_NN
+    assert "SA_DECIDE_TAKEN(write) \\\n" in values
+    assert "SA_DECIDE_TAKEN(first_write())" in p4_block(values, "table decide_00")
+    assert "#define SA_DECIDE_TAKEN(write)\n" in tna("values.p4")  # none without trees
+    exponent = p4_block(text, "table exponent_op {")
+    assert re.findall(r"\(SA_TAG_TAKE, 1, _\): (\w+)\(\);", exponent) == ["replace"]
+    assert "md.workers_missing = 0;" in p4_block(text, "action replace()")

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from switchagg.jobs import JobCounter
+from switchagg.jobs import GlobalDrop, JobCounter
 from switchagg.targets.tofino_build import Chip
 
 from . import p4testgen_ptf as tg
@@ -77,7 +77,29 @@ def test_the_paths_cover_the_second_pass(report):
         outcomes.add(tuple(event for _, _, event in tg.counted(trace)))
     assert ops == {0, 1, 2, 3}, ops  # SA_OP_NONE (stale), SA_OP_WRITE, SA_OP_ADD, SA_OP_READ
     events = (JobCounter.RESULTS_MULTICAST, JobCounter.RESULTS_UNICAST, JobCounter.DUPLICATE_PENDING, JobCounter.STALE)
+    if report.chip.trees:  # a level's partial up, its resend, its parent's result down, and one no copy awaited
+        events += (JobCounter.PARTIALS_UP, JobCounter.PARTIALS_RESENT, JobCounter.RESULTS_FROM_PARENT,
+                   JobCounter.UNEXPECTED_RESULT)
     assert {(e,) for e in events} | {()} == outcomes, outcomes
+
+
+def test_the_paths_cover_a_tree_s_first_pass(report):
+    """Where the program serves trees, the first pass's tree paths were compared: a parent's RESULT that a copy
+    took (sent round uncounted), one it did not await (unexpected_result), one from no parent (malformed)."""
+    if not report.chip.trees:
+        pytest.skip(f"{report.chip.target}'s program serves no tree (docs/tofino.md, \"Trees\")")
+    tests = {t.name: t for t in tg.parse_ptf(report.generated.ptf)}
+    results = [tests[n] for n in report.compared if n not in report.second_pass and result_of(tests[n])]
+    outcomes = {(tuple((kind, event) for kind, _, event in tg.counted(t.trace)), tg.ingress_outcome(t.trace).port)
+                for t in results}
+    taken, unexpected = ((), report.chip.recirculation_port), ((("job", JobCounter.UNEXPECTED_RESULT),), None)
+    assert {taken, unexpected, ((("global", GlobalDrop.MALFORMED),), None)} <= outcomes, outcomes
+
+
+def result_of(test: tg.PtfTest) -> bool:
+    """A test that sends a RESULT (version 1, type 2) to the switchagg port."""
+    h = test.packet[tg.ETH_IP_UDP_SIZE:tg.ETH_IP_UDP_SIZE + 2]
+    return tg._datagram(test.packet) is not None and h == bytes([1, 2])
 
 
 def decision(trace: str) -> int:

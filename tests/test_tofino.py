@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from switchagg.config import Endpoint
+from switchagg.config import Endpoint, ParentSpec
 from switchagg.errors import ConfigError, SwitchAggError
 from switchagg.jobs import JobCounter
 from switchagg.loopback import loopback_job
 from switchagg.targets import TARGETS, tofino, tofino_build
-from switchagg.wire import P4_VALUES_PER_PACKET, UDP_PORT
+from switchagg.wire import MAX_WORKERS, P4_VALUES_PER_PACKET, UDP_PORT
 
 from . import bfrt_schema
 from .conftest import need
@@ -84,9 +84,9 @@ def test_bf_switchd_s_configuration_names_the_build_by_absolute_paths(compiled):
 
 @pytest.mark.tofino
 def test_every_name_the_control_plane_uses_is_in_bfrt_json(compiled):
-    _, out = compiled
+    target, out = compiled
     tables = bfrt_schema.load(out / "bfrt.json")
-    for name, (keys, actions) in tofino.TABLES.items():
+    for name, (keys, actions) in tofino.tables(target.chip).items():
         assert name in tables, f"{name} is not in {out / 'bfrt.json'}"
         assert sorted(tables[name].keys) == sorted(keys), name
         for action, params in actions.items():
@@ -141,6 +141,68 @@ def test_two_jobs_get_their_own_groups_and_slots_do_not_overlap(switch):
     target.undeploy(1)
     assert target.status(2).installed and target.status(2).n_workers == 4
     assert target.jobs() == {2: (32, 32)}
+
+
+def leaf_job(n: int, *, job_id: int = 5) -> object:
+    """A level of a tree: ``n`` workers (ranks 2 .. n + 1 of n + 6) under a parent at 10.0.1.1 on port 20, as child 1
+    of the parent's job 40."""
+    up = ParentSpec(Endpoint("10.0.1.1", UDP_PORT), 40, 1, 0xFACE, mac="02:00:00:00:01:01", switch_port=20)
+    return dataclasses.replace(p4_job(n, job_id=job_id, slot_base=64), parent=up, rank_base=2, tree_size=n + 6)
+
+
+@pytest.mark.tofino
+def test_a_level_of_a_tree_is_installed_where_the_chip_serves_trees(switch):
+    """Tofino 2's program serves a level of a tree (SA_TREES): its workers count the parent as worker n, the
+    parent's RESULT has an entry of its own, the partial goes up through an uplink group whose one replica
+    egress makes a CONTRIB of the parent's job; undeploy removes all of it. Tofino 1's refuses the level."""
+    target, session = switch
+    if not target.chip.trees:
+        with pytest.raises(ConfigError, match="tree"):
+            target.deploy(leaf_job(3))
+        assert session.entries(tofino.ADMISSION) == []
+        return
+    target.deploy(p4_job(2, job_id=1, slot_base=0, ports=[7, 8]))  # a flat job beside it keeps its own rows
+    generation = target.deploy(leaf_job(3))
+    status = target.status(5)
+    assert (status.installed, status.generation, status.n_workers) == (True, generation, 3)
+    rows = {(r.key["job"], r.key["type_bit"], r.key["worker"]): r for r in session.entries(tofino.ADMISSION)}
+    workers = [rows[(5, 1, w)] for w in range(3)]
+    assert {(r.data["all_workers"], r.data["parent_bit"]) for r in workers} == {(0b1111, 0b1000)}
+    assert [r.data["other_workers"] for r in workers] == [0b1110, 0b1101, 0b1011]
+    assert {(rows[(1, 1, w)].data["all_workers"], rows[(1, 1, w)].data["parent_bit"]) for w in range(2)} == {(3, 0)}
+    result = rows[(40, 0, 1)]
+    assert result.action == tofino.ADMIT_RESULT
+    assert result.key == {"job": 40, "worker": 1, "src_addr": 0x0A000101, "src_port": UDP_PORT, "key": 0xFACE,
+                          "type_bit": 0}
+    group = workers[0].data["job_index"] + 1
+    assert {k: result.data[k] for k in ("job_index", "other_workers", "all_workers", "parent_bit", "job", "key")} == {
+        "job_index": group - 1, "other_workers": 0b0111, "all_workers": 0b1111, "parent_bit": 0b1000, "job": 5,
+        "key": workers[0].key["key"]}
+    (uplink,) = [r for r in session.entries(tofino.PRE_MGID) if r.key["$MGID"] == group | 0x80]
+    (rid,) = uplink.data["$MULTICAST_NODE_ID"]
+    (node,) = [r for r in session.entries(tofino.PRE_NODE) if r.key["$MULTICAST_NODE_ID"] == rid]
+    assert node.data["$DEV_PORT"] == [20]
+    (up,) = [r for r in session.entries(tofino.REPLICA) if r.key["rid"] == rid]
+    assert up.action == tofino.TO_PARENT
+    assert up.data == {"eth_dst": 0x020000000101, "ip_src": 0x0A0000FE, "ip_dst": 0x0A000101, "udp_dst": UDP_PORT,
+                       "worker": 1, "job": 40, "key": 0xFACE}
+
+    target.reset(5)  # the parent's entry has no generation: a reset leaves it as it is
+    assert {r.action for r in session.entries(tofino.ADMISSION) if r.key["type_bit"] == 0} == {tofino.ADMIT_RESULT}
+    target.undeploy(5)
+    assert {r.key["job"] for r in session.entries(tofino.ADMISSION)} == {1}
+    assert sorted(r.key["$MGID"] for r in session.entries(tofino.PRE_MGID)) == [1, tofino.FLOOD_GROUP]
+    assert len(session.entries(tofino.REPLICA)) == 2 and len(session.entries(tofino.PRE_NODE)) == 3  # and flood's
+
+
+def test_a_level_of_a_tree_leaves_its_parent_a_bit():
+    """On a chip that serves trees, a level's parent is worker n: 31 children at most."""
+    target = tofino.Tofino2Target(session=lambda: None)
+    target.check(leaf_job(MAX_WORKERS - 1))
+    with pytest.raises(ConfigError, match=f"at most {MAX_WORKERS - 1}"):
+        target.check(leaf_job(MAX_WORKERS))
+    with pytest.raises(ConfigError, match="tree"):
+        tofino.TofinoTarget(session=lambda: None).check(leaf_job(2))
 
 
 def test_a_job_across_pipes_is_refused():

@@ -620,10 +620,10 @@ def test_a_run_restarted_under_a_running_tree_gets_its_own_sums_at_every_level(i
         "the old run's late packets reached the switches and were dropped there"
 
 
-def test_the_tna_target_refuses_a_level_of_a_tree_and_bmv2_asks_for_the_parents_link():
-    """The TNA program serves no tree yet: a tree's job deployed there would sum its leaf's workers and multicast
-    a partial as if it were the result, so it is refused before anything is written. The v1model program serves
-    one, given where the parent hangs off the switch."""
+def test_tofino_1_refuses_a_level_of_a_tree_and_p4_levels_ask_for_the_parents_link():
+    """Tofino 1's program serves no tree (no stages left): a tree's job deployed there would sum its leaf's workers
+    and multicast a partial as if it were the result, so it is refused before anything is written. The v1model
+    program and Tofino 2's serve one, given where the parent hangs off the switch."""
     from switchagg.config import WorkerSpec
     from switchagg.targets import p4job
 
@@ -631,7 +631,7 @@ def test_the_tna_target_refuses_a_level_of_a_tree_and_bmv2_asks_for_the_parents_
     for job in t.switch_jobs():
         p4 = dataclasses.replace(job, switch=dataclasses.replace(job.switch, port=16711), workers=tuple(
             WorkerSpec(w.address, "02:00:00:00:00:01", i) for i, w in enumerate(job.workers)))
-        with pytest.raises(ConfigError, match="level of a tree .*TNA.*(target bmv2 or soft)"):
+        with pytest.raises(ConfigError, match="level of a tree .*Tofino 1.*(target tofino2, bmv2 or soft)"):
             p4job.check_config(p4)
         p4job.check_config(dataclasses.replace(p4, parent=None, spans=(), tree_size=0, rank_base=0))
         if p4.parent is None:

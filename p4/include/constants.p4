@@ -53,8 +53,8 @@ const bit<8>  SA_JOB_QUERIES = 9;
 const bit<8>  SA_JOB_RESULTS_TO_OWNER = 10;  /* a reduce-scatter's sum: whole to its owner, a header to the rest */
 const bit<8>  SA_JOB_BAD_OWNER = 11;         /* FLAG_OWNER with an owner that is not one of the job's ranks */
 /* A tree's (section 10 of docs/protocol.md): partials sent up, sent up again for a repeat, parents'
- * results sent down, and a parent's result that no copy awaited. The TNA program serves no tree yet:
- * these stay 0 there. */
+ * results sent down, and a parent's result that no copy awaited. The TNA program counts them where it
+ * serves trees (SA_TREES, Tofino 2); Tofino 1's keeps them at 0. */
 const bit<8>  SA_JOB_PARTIALS_UP = 12;
 const bit<8>  SA_JOB_PARTIALS_RESENT = 13;
 const bit<8>  SA_JOB_RESULTS_FROM_PARENT = 14;

@@ -104,6 +104,21 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
             held = value;
         }
     };
+#ifdef SA_TREES
+    /* A parent's RESULT, where the half holds its chunk: taken (1, the parent's bit set: nothing is
+     * missing from here on) where the half holds exactly the children's sum; else 0, and nothing
+     * written (a copy not complete here, or one that took its result already). */
+    RegisterAction<bit<32>, copy_index_t, bit<32>>(workers) workers_take = {
+        void apply(inout bit<32> value, out bit<32> taken) {
+            if (value == md.other_workers) {
+                value = value | md.worker_bit;  /* the parent's: a stateful ALU takes two PHV inputs */
+                taken = 1;
+            } else {
+                taken = 0;
+            }
+        }
+    };
+#endif
 
     action check_generation() {
         md.new_generation = tag_generation_update.execute(SA_HALF_COPY_INDEX);
@@ -124,6 +139,14 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
         md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
         ig_dprsr_md.drop_ctl = 1;
     }
+#ifdef SA_TREES
+    /* A RESULT from anyone but a parent of one of the jobs (as on a switch with no tree) */
+    action drop_malformed() {
+        md.count_global = 1;
+        md.global_drop = (bit<8>)SA_DROP_MALFORMED;
+        ig_dprsr_md.drop_ctl = 1;
+    }
+#endif
     action drop_job(bit<8> event) {
         md.count_job = 1;
         md.job_event = (job_event_t)event;
@@ -136,6 +159,32 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
         drop_job(SA_JOB_SLOT_OUT_OF_RANGE);
     }
 
+#ifdef SA_TREES
+    /* With trees, a parent's RESULT takes a query's read-only generation stage, and one that admission
+     * did not find is malformed, as the model has it. */
+    table admitted {
+        key = {
+            md.admitted: ternary;
+            hdr.sa.generation: ternary;
+            md.slot_room: ternary;
+            md.query: ternary;
+            md.result: ternary;
+        }
+        actions = {
+            check_generation; peek_generation; drop_not_admitted; drop_malformed; wrong_generation;
+            slot_out_of_range;
+        }
+        const entries = {
+            (1, 0, _, _, _): wrong_generation();
+            (1, _, 0, _, _): slot_out_of_range();
+            (1, _, _, 0, 0): check_generation();
+            (1, _, _, _, _): peek_generation();
+            (0, _, _, _, 1): drop_malformed();
+        }
+        const default_action = drop_not_admitted();
+        size = 8;
+    }
+#else
     table admitted {
         key = {
             md.admitted: ternary;
@@ -155,6 +204,7 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
         const default_action = drop_not_admitted();
         size = 4;
     }
+#endif
     action start_chunk() {
         tag_chunk_start.execute(SA_HALF_COPY_INDEX);
         md.tag = SA_TAG_FRESH;
@@ -175,6 +225,12 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
     action read_workers() {
         md.workers_before = workers_read.execute(SA_HALF_COPY_INDEX);
     }
+#ifdef SA_TREES
+    action take_workers() {
+        md.workers_before = workers_take.execute(SA_HALF_COPY_INDEX);
+        md.tag = SA_TAG_TAKE;
+    }
+#endif
 
     /* Tag, then workers: three stages. A stale chunk stops after the tag. md.new_generation is
      * SA_NOT_CHECKED (the parser's) where the generation stage did not run, as for a query, which
@@ -182,22 +238,40 @@ control CopyState(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
      * md.tag from the generation stage on (SA_TAG_PEEK, then SA_TAG_UNHELD, SA_TAG_HELD or
      * SA_TAG_STALE), and reads the workers where the half holds its chunk. */
     apply {
+#ifdef SA_TREES
+        if (!second_half) {
+            admitted.apply();
+        } else if (md.result == 1) {  /* a parent's RESULT reads the tag in both halves */
+            peek_generation();
+        } else {
+            check_generation();
+        }
+#else
         if (second_half) {
             check_generation();
         } else {
             admitted.apply();
         }
+#endif
         if (md.new_generation == 1) {
             start_chunk();
         } else if (md.new_generation == 0) {
             compare_chunk();
+#ifdef SA_TREES
+        } else if (md.tag == SA_TAG_PEEK) {  /* a query's (first half) or a parent's RESULT's (both) */
+#else
         } else if (!second_half && md.tag == SA_TAG_PEEK) {
+#endif
             peek_chunk();
         }
         if (md.tag == SA_TAG_FRESH) {
             start_workers();
         } else if (md.tag == SA_TAG_SAME) {
             add_worker();
+#ifdef SA_TREES
+        } else if (md.tag == SA_TAG_HELD && md.result == 1) {  /* taken where the half holds exactly the children */
+            take_workers();
+#endif
         } else if (!second_half && md.tag == SA_TAG_HELD) {
             read_workers();
         }
@@ -247,14 +321,31 @@ control ExponentStage(inout sa_headers_t hdr, inout sa_ingress_metadata_t md) {
         hdr.sa.exponent = exponent_read.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
     }
 
+#ifdef SA_TREES
+    /* A parent's RESULT taken: its values and exponent written, nothing missing (the parent's bit set). */
+    action replace() {
+        md.op = SA_OP_WRITE;
+        md.second_op = SA_OP_WRITE;
+        md.workers_missing = 0;
+        exponent_write.execute(md.cell[9:0] ++ hdr.sa.flags[0:0]);
+    }
+#endif
+
     table exponent_op {
         key = {
             md.tag: ternary;
             md.workers_before: ternary;
             hdr.sa.worker: ternary;
         }
+#ifdef SA_TREES
+        actions = { write; add; read; replace; @defaultonly NoAction; }
+#else
         actions = { write; add; read; @defaultonly NoAction; }
+#endif
         const entries = {
+#ifdef SA_TREES
+            (SA_TAG_TAKE, 1, _): replace();
+#endif
             (SA_TAG_FRESH, _, _): write();
             (SA_TAG_SAME, 32w1 << 0 &&& 32w1 << 0, 0): read();
             (SA_TAG_SAME, 32w1 << 1 &&& 32w1 << 1, 1): read();

@@ -34,13 +34,29 @@ control SaEgress(inout sa_egress_headers_t hdr, inout sa_egress_metadata_t md,
         hdr.sa.type = SA_TYPE_RESULT;
         hdr.sa.worker = worker;
     }
+#ifdef SA_TREES
+    /* A level of a tree: the one replica of its uplink group, the finished partial sum to the parent as a
+     * CONTRIB of the parent's job (`job`, `key`) from this switch's index among its children (`worker`),
+     * the headers as to_worker writes them. */
+    action to_parent(bit<48> eth_dst, bit<32> ip_src, bit<32> ip_dst, bit<16> udp_dst, bit<8> worker,
+                     bit<16> job, bit<32> key) {
+        to_worker(eth_dst, ip_src, ip_dst, udp_dst, worker);
+        hdr.sa.type = SA_TYPE_CONTRIB;
+        hdr.sa.job = job;
+        hdr.sa.key = key;
+    }
+#endif
     action drop() {
         eg_dprsr_md.drop_ctl = 1;
     }
 
     table replica {
         key = { eg_intr_md.egress_rid: exact @name("rid"); }
+#ifdef SA_TREES
+        actions = { to_worker; to_parent; drop; }
+#else
         actions = { to_worker; drop; }
+#endif
         const default_action = drop();
         size = SA_REPLICA_SIZE;
     }

@@ -59,6 +59,9 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         md.worker_bit = hdr.recirc.worker_bit;
         md.other_workers = hdr.recirc.other_workers;
         md.all_workers = hdr.recirc.all_workers;
+#ifdef SA_TREES
+        md.parent_bit = hdr.recirc.parent_bit;
+#endif
     }
 
     action drop() {
@@ -69,6 +72,14 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         md.global_drop = (bit<8>)SA_DROP_NOT_ADMITTED;
         drop();
     }
+#ifdef SA_TREES
+    /* A RESULT from anyone but a parent of one of the jobs (as on a switch with no tree) */
+    action drop_malformed() {
+        md.count_global = 1;
+        md.global_drop = (bit<8>)SA_DROP_MALFORMED;
+        drop();
+    }
+#endif
     /* A per-job event: counted at the end of the pass (one counter access per pass). */
     action job_event(bit<8> event) {
         md.count_job = 1;
@@ -111,7 +122,11 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
     }
     action pending_held() {
         pending();
+#ifdef SA_TREES
+        hdr.sa.key = md.workers_before & ~md.parent_bit;  /* the children's, as the model's bitmap */
+#else
         hdr.sa.key = md.workers_before;
+#endif
     }
     action pending_unheld() {
         pending();
@@ -129,6 +144,9 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         hdr.recirc.worker_bit = md.worker_bit;
         hdr.recirc.other_workers = md.other_workers;
         hdr.recirc.all_workers = md.all_workers;
+#ifdef SA_TREES
+        hdr.recirc.parent_bit = md.parent_bit;
+#endif
         ig_tm_md.ucast_egress_port = md.recirc_port;
     }
     action counted_recirculate() {
@@ -146,6 +164,31 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
         hdr.bridge.kind = SA_BRIDGE_RESULT;
         hdr.recirc.setInvalid();
     }
+#ifdef SA_TREES
+    /* As result_to_all, to a group of the job's (its own, or its uplink group) */
+    action to_group(bit<16> group) {
+        ig_tm_md.mcast_grp_a = group;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.bridge.kind = SA_BRIDGE_RESULT;
+        hdr.recirc.setInvalid();
+    }
+    /* A level of a tree (docs/tofino.md, "Trees"). The children's sum complete, only the parent's bit
+     * missing: the partial up through the job's uplink group, whose one replica egress makes a CONTRIB
+     * of the parent's job. Child 0's repeat while it is awaited sends the stored partial up again (one
+     * child's, not every child's); the parent's RESULT, taken, goes down as a finished sum. */
+    action partial_up() {
+        job_event(SA_JOB_PARTIALS_UP);
+        to_group(md.job_index + (1 + SA_UPLINK_GROUPS));
+    }
+    action partial_resent() {
+        job_event(SA_JOB_PARTIALS_RESENT);
+        to_group(md.job_index + (1 + SA_UPLINK_GROUPS));
+    }
+    action result_from_parent() {
+        job_event(SA_JOB_RESULTS_FROM_PARENT);
+        to_group(md.job_index + 1);
+    }
+#endif
     /* A repeat of a finished round: the stored sum back to the worker that sent it again. */
     action result_to_sender() {
         job_event(SA_JOB_RESULTS_UNICAST);
@@ -182,7 +225,11 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
              * admission's verdict, then the first half's tag and workers. A well-formed query takes the
              * same path (its checks are a contribution's but the count's) and only reads them. */
             first_half.apply(hdr, md, ig_dprsr_md);
+#ifdef SA_TREES
+            if (md.tag == SA_TAG_STALE && md.result == 0) {  /* a RESULT's is unexpected_result, below */
+#else
             if (md.tag == SA_TAG_STALE) {
+#endif
                 drop_job(SA_JOB_STALE);
             }
         } else if (hdr.udp.isValid() && hdr.udp.dst_port == SA_UDP_PORT) {
@@ -190,6 +237,10 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
             validation.apply(hdr, md, ig_prsr_md);
             if (md.count_global == 1) {
                 drop();
+#ifdef SA_TREES
+            } else if (md.admitted == 0 && hdr.sa.type == SA_TYPE_RESULT) {
+                drop_malformed();
+#endif
             } else if (md.admitted == 0) {
                 drop_not_admitted();
             } else if (hdr.sa.type == SA_TYPE_PROBE) {
@@ -213,18 +264,40 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
             if (md.op == SA_OP_READ) {
                 if (md.workers_missing == 0) {
                     result_to_sender();
+#ifdef SA_TREES
+                } else if (md.workers_missing == md.parent_bit && hdr.sa.worker == 0) {
+                    partial_resent();  /* a flat job's parent_bit is 0: never here */
+#endif
                 } else {
                     drop_job(SA_JOB_DUPLICATE_PENDING);
                 }
+#ifdef SA_TREES
+            } else if (md.op == SA_OP_NONE && md.result == 1) {
+                drop_job(SA_JOB_UNEXPECTED_RESULT);
+#endif
             } else if (md.op == SA_OP_NONE) {
                 drop_job(SA_JOB_STALE);
+#ifdef SA_TREES
+            } else if (md.workers_missing == 0 && md.result == 1) {
+                result_from_parent();
+#endif
             } else if (md.workers_missing == 0) {
                 result_to_all();
+#ifdef SA_TREES
+            } else if (md.workers_missing == md.parent_bit) {
+                partial_up();
+#endif
             } else {
                 drop();  /* counted into a sum that is not finished yet */
             }
         } else if (md.op == SA_OP_READ) {
             recirculate();
+#ifdef SA_TREES
+        } else if (md.op != SA_OP_NONE && md.result == 1) {
+            recirculate();  /* a parent's RESULT taken: counted once, in the second pass */
+        } else if (md.result == 1) {
+            drop_job(SA_JOB_UNEXPECTED_RESULT);  /* no copy awaited it */
+#endif
         } else if (md.op != SA_OP_NONE) {
             counted_recirculate();
         } else if (md.tag == SA_TAG_HELD) {  /* a query (its tags match no decision: op NONE) */

@@ -17,6 +17,9 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
         md.reply = 0;
         md.admitted = 0;
         md.query = 0;
+#ifdef SA_TREES
+        md.result = 0;
+#endif
         transition select(ig_intr_md.ingress_port) {
             recirculation_ports: second_pass;
             default: first_pass;
@@ -70,6 +73,12 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
             (bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_CONTRIB << 16
             &&& 32w0xffff0000 | (bit<32>)(~SA_FLAG_COPY) << 8 | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
                 parse_contribution_header;
+#ifdef SA_TREES
+            /* a parent's RESULT of K values: as a contribution, and told apart by md.result */
+            (bit<32>)SA_VERSION << 24 | (bit<32>)SA_TYPE_RESULT << 16
+            &&& 32w0xffff0000 | (bit<32>)(~SA_FLAG_COPY) << 8 | (bit<32>)(~((bit<8>)SA_MAX_WORKERS - 1)):
+                parse_result_header;
+#endif
             default: parse_switchagg;
         }
     }
@@ -80,6 +89,19 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
             default: accept;
         }
     }
+#ifdef SA_TREES
+    state parse_result_header {
+        pkt.extract(hdr.sa);
+        transition select(hdr.sa.owner, hdr.sa.count) {
+            (0, SA_VALUES): parse_result_values;
+            default: accept;
+        }
+    }
+    state parse_result_values {
+        md.result = 1;
+        transition parse_values;
+    }
+#endif
     /* A well-formed query is told in the parser too, as a contribution is: version 1, QUERY, no flag but
      * the copy, worker < 32; no reserved bits and a count of 0 (no values). It then takes the
      * contribution's path through admission and the first half's tag and workers, which it only
@@ -124,7 +146,18 @@ parser SaIngressParser(packet_in pkt, out sa_headers_t hdr, out sa_ingress_metad
         pkt.extract(hdr.sa);
         pkt.extract(hdr.vals_head);
         pkt.extract(hdr.vals_active);
+#ifdef SA_TREES
+        transition select(hdr.sa.type) {
+            SA_TYPE_RESULT: second_pass_result;
+            default: accept;
+        }
+    }
+    state second_pass_result {
+        md.result = 1;
         transition accept;
+#else
+        transition accept;
+#endif
     }
 }
 

@@ -61,11 +61,18 @@
 /* A register of the decision's stage: its entries. The second pass runs the op decided (md.op); the
  * first decides: a fresh chunk writes; the chunk the half holds, from a worker whose bit was already
  * set, reads (a repeat); from any other worker, adds. */
+#ifdef SA_TREES
+/* and a parent's RESULT that its half took is written, as a fresh chunk is */
+#define SA_DECIDE_TAKEN(write) (0, _, SA_TAG_TAKE, 1, _): write;
+#else
+#define SA_DECIDE_TAKEN(write)
+#endif
 #define SA_DECIDE_ENTRIES(write, add, read) \
             (1, SA_OP_WRITE, _, _, _): write; \
             (1, SA_OP_ADD, _, _, _): add; \
             (1, SA_OP_READ, _, _, _): read; \
             (0, _, SA_TAG_FRESH, _, _): write; \
+            SA_DECIDE_TAKEN(write) \
             (0, _, SA_TAG_SAME, 32w1 << 0 &&& 32w1 << 0, 0): read; \
             (0, _, SA_TAG_SAME, 32w1 << 1 &&& 32w1 << 1, 1): read; \
             (0, _, SA_TAG_SAME, 32w1 << 2 &&& 32w1 << 2, 2): read; \
@@ -165,6 +172,7 @@ control Values(inout sa_headers_t hdr, inout sa_ingress_metadata_t md) {
             (1, SA_OP_ADD, _, _, _): add_00();
             (1, SA_OP_READ, _, _, _): read_00();
             (0, _, SA_TAG_FRESH, _, _): first_write();
+            SA_DECIDE_TAKEN(first_write())
             (0, _, SA_TAG_SAME, 32w1 << 0 &&& 32w1 << 0, 0): first_read();
             (0, _, SA_TAG_SAME, 32w1 << 1 &&& 32w1 << 1, 1): first_read();
             (0, _, SA_TAG_SAME, 32w1 << 2 &&& 32w1 << 2, 2): first_read();

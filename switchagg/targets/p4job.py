@@ -151,7 +151,7 @@ class JobPlan:
 
 def check_config(cfg: JobConfig, trees: bool = False) -> None:
     """Refuse, saying what to change, a job that a P4 program cannot serve (``trees``: whether it serves a level
-    of a tree, as the v1model program does)."""
+    of a tree, as the v1model program and Tofino 2's do)."""
     if cfg.values_per_packet != P4_VALUES_PER_PACKET:
         raise ConfigError(f"job.values_per_packet = {cfg.values_per_packet}: the P4 program sums "
                           f"{P4_VALUES_PER_PACKET} values per packet, set it to that")
@@ -162,9 +162,9 @@ def check_config(cfg: JobConfig, trees: bool = False) -> None:
     if missing:
         raise ConfigError(f"workers {missing} need 'mac' and 'switch_port' for the P4 target")
     if not trees and (cfg.parent is not None or cfg.spans or cfg.tree_size):
-        raise ConfigError(f"job {cfg.job_id} is a level of a tree ([parent] or [tree]), which the TNA program does "
-                          "not serve yet (docs/protocol.md section 10): run a tree's switches as BMv2 or embedded "
-                          "switches (target bmv2 or soft)")
+        raise ConfigError(f"job {cfg.job_id} is a level of a tree ([parent] or [tree]), which Tofino 1's program "
+                          "does not serve (it has no stages left for it: docs/tofino.md, \"Trees\"): run a tree's "
+                          "switches as Tofino 2, BMv2 or embedded switches (target tofino2, bmv2 or soft)")
     if cfg.parent is not None and (cfg.parent.mac is None or cfg.parent.switch_port is None):
         raise ConfigError("[parent] needs 'mac' and 'switch_port' for the P4 target: the parent switch's Ethernet "
                           "address and the port it hangs off")

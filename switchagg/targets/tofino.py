@@ -16,7 +16,7 @@ from typing import ClassVar
 from ..config import JobConfig
 from ..errors import ConfigError
 from ..jobs import GlobalDrop, JobCounter, JobEntry, JobStatus, JobTable, named_counters, new_generation
-from ..wire import MAX_WORKERS  # rids are job index * MAX_WORKERS + rank + 1
+from ..wire import MAX_WORKERS  # rids are (group - 1) * MAX_WORKERS + rank + 1
 from .base import Target, TargetOptions, UnsupportedOperation
 from .bfrt import BfrtSession, Row, TableSession
 from .p4job import (
@@ -24,8 +24,11 @@ from .p4job import (
     JOB_COUNTER_STRIDE,
     MAX_JOBS,
     NUM_SLOTS,
+    PARENT_FLAG,
     Admission,
     JobParams,
+    ParentAdmission,
+    Uplink,
     check_config,
     free_group,
     job_entry,
@@ -39,8 +42,10 @@ PORT_MASK = 0x1FF  # a port id's 9 bits: the parser value set matches them all
 
 ADMISSION = "pipe.SaIngress.admission.admission"
 ADMIT = "SaIngress.admission.admit"
+ADMIT_RESULT = "SaIngress.admission.admit_result"  # trees: a level's parent's RESULTs
 REPLICA = "pipe.SaEgress.replica"
 TO_WORKER = "SaEgress.to_worker"
+TO_PARENT = "SaEgress.to_parent"  # trees: the one replica of a level's uplink group
 L2 = "pipe.SaIngress.forwarding.l2"
 TO_PORT = "SaIngress.forwarding.to_port"
 FLOOD = "SaIngress.forwarding.flood"
@@ -50,18 +55,36 @@ JOB_COUNTERS = "pipe.SaIngress.job_counters"
 PRE_NODE = "$pre.node"  # the SDE's fixed tables of the packet replication engine
 PRE_MGID = "$pre.mgid"
 
+Tables = dict[str, tuple[tuple[str, ...], dict[str | None, tuple[str, ...]]]]
+_ADMISSION_KEY = ("job", "worker", "src_addr", "src_port", "key")
+_ADMIT = ("job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers", "all_workers",
+          "recirc_port")
+_TO_WORKER = ("eth_dst", "ip_src", "ip_dst", "udp_dst", "worker")
 # What the control plane writes, as bfrt.json must have it: table -> (key fields, {action: parameters}).
 # Counters and parser value sets have their data fields instead of actions.
-TABLES: dict[str, tuple[tuple[str, ...], dict[str | None, tuple[str, ...]]]] = {
-    ADMISSION: (("job", "worker", "src_addr", "src_port", "key"),
-                {ADMIT: ("job_index", "slot_base", "slot_count", "generation", "worker_bit", "other_workers",
-                         "all_workers", "recirc_port")}),
-    REPLICA: (("rid",), {TO_WORKER: ("eth_dst", "ip_src", "ip_dst", "udp_dst", "worker")}),
+TABLES: Tables = {
+    ADMISSION: (_ADMISSION_KEY, {ADMIT: _ADMIT}),
+    REPLICA: (("rid",), {TO_WORKER: _TO_WORKER}),
     L2: (("eth_dst",), {TO_PORT: ("port",), FLOOD: ()}),
     RECIRCULATION_PORTS: (("f1",), {None: ()}),
     GLOBAL_DROPS: (("$COUNTER_INDEX",), {None: ("$COUNTER_SPEC_PKTS",)}),
     JOB_COUNTERS: (("$COUNTER_INDEX",), {None: ("$COUNTER_SPEC_PKTS",)}),
 }
+# The program that serves trees (SA_TREES: Chip.trees): the admission key holds the type's bit 0 (1 for a
+# worker's packets, 0 for a parent's RESULT), admit the parent's bit, and the tree's own actions.
+TREE_TABLES: Tables = {
+    **TABLES,
+    ADMISSION: ((*_ADMISSION_KEY, "type_bit"),
+                {ADMIT: (*_ADMIT, "parent_bit"),
+                 ADMIT_RESULT: ("job_index", "slot_base", "slot_count", "other_workers", "all_workers", "recirc_port",
+                                "parent_bit", "job", "key")}),
+    REPLICA: (("rid",), {TO_WORKER: _TO_WORKER, TO_PARENT: (*_TO_WORKER, "job", "key")}),
+}
+
+
+def tables(chip: Chip) -> Tables:
+    """The names the control plane writes on ``chip``'s program."""
+    return TREE_TABLES if chip.trees else TABLES
 
 
 def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
@@ -74,24 +97,51 @@ def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
 
 
 def _rid(group: int, worker: int) -> int:
-    """A replica's id, unique across jobs (0 is the flood group's node)."""
+    """A replica's id, unique across jobs and uplink groups (group | PARENT_FLAG; 0 is the flood group's node)."""
     return (group - 1) * MAX_WORKERS + worker + 1
 
 
-def _admission_key(row: Admission) -> dict[str, int]:
-    return {"job": row.job_id, "worker": row.worker, "src_addr": row.ip, "src_port": row.port, "key": row.key}
+def _admission_key(row: Admission | ParentAdmission, trees: bool) -> dict[str, int]:
+    key = {"job": row.job_id, "worker": row.worker, "src_addr": row.ip, "src_port": row.port, "key": row.key}
+    if trees:  # the type's bit 0: a worker's packets have it, a parent's RESULT not
+        key["type_bit"] = int(isinstance(row, Admission))
+    return key
 
 
-def _admit(row: Admission, recirc_port: int) -> dict[str, int]:
-    workers = (1 << row.params.n_workers) - 1
-    return {"job_index": row.params.group - 1, "slot_base": row.slot_base, "slot_count": row.params.slot_count,
+def _bits(params: JobParams) -> tuple[int, int]:
+    """The job's workers as the program counts them, and its parent's bit among them (0 without a parent): a level
+    of a tree counts its parent's RESULT as worker n (docs/tofino.md, "Trees")."""
+    parent = params.parent << params.n_workers
+    return (1 << params.n_workers) - 1 | parent, parent
+
+
+def _admit(row: Admission, recirc_port: int, trees: bool) -> dict[str, int]:
+    workers, parent = _bits(row.params)
+    data = {"job_index": row.params.group - 1, "slot_base": row.slot_base, "slot_count": row.params.slot_count,
             "generation": row.params.generation, "worker_bit": 1 << row.worker,
             "other_workers": workers & ~(1 << row.worker), "all_workers": workers, "recirc_port": recirc_port}
+    if trees:
+        data["parent_bit"] = parent
+    return data
+
+
+def _admit_result(row: ParentAdmission, recirc_port: int) -> dict[str, int]:
+    workers, parent = _bits(row.params)
+    return {"job_index": row.params.group - 1, "slot_base": row.slot_base, "slot_count": row.params.slot_count,
+            "other_workers": workers & ~parent, "all_workers": workers, "recirc_port": recirc_port,
+            "parent_bit": parent, "job": row.own_job, "key": row.own_key}
+
+
+def _to_parent(up: Uplink) -> dict[str, int]:
+    return {"eth_dst": up.mac, "ip_src": up.switch_ip, "ip_dst": up.ip, "udp_dst": up.udp_port, "worker": up.worker,
+            "job": up.job_id, "key": up.key}
 
 
 def _admission_row(row: Row) -> Admission:
     d = row.data
-    params = JobParams(d["slot_count"], d["job_index"] + 1, bin(d["all_workers"]).count("1"), d["generation"])
+    parent = d.get("parent_bit", 0) != 0
+    params = JobParams(d["slot_count"], d["job_index"] + 1, bin(d["all_workers"]).count("1") - parent,
+                       d["generation"], parent)
     return Admission(row.key["job"], row.key["worker"], row.key["src_addr"], row.key["src_port"], row.key["key"],
                      d["slot_base"], params)
 
@@ -124,7 +174,13 @@ class TofinoTarget(Target):
         return resources(cls.chip, out_dir)
 
     def check(self, job: JobConfig) -> None:
-        check_config(job)
+        """Refuse what this chip's program cannot serve: a level of a tree where it serves none, and one whose
+        children leave no bit for its parent."""
+        check_config(job, trees=self.chip.trees)
+        if job.parent is not None and job.n_workers >= MAX_WORKERS:
+            raise ConfigError(f"job {job.job_id} has {job.n_workers} children and a parent: on {self.name} a level "
+                              f"of a tree holds at most {MAX_WORKERS - 1} (its parent's RESULT takes the "
+                              f"{MAX_WORKERS}th bit): split its workers over more leaves")
 
     def deploy(self, job: JobConfig, lease: float | None = None) -> int:
         """Install a job: L2 and flood group, recirculation port, multicast nodes and group, egress
@@ -132,14 +188,15 @@ class TofinoTarget(Target):
         no timer): one given is refused, see :meth:`renew`."""
         if lease is not None:
             raise UnsupportedOperation(self._no_leases())
-        check_config(job)
+        self.check(job)
+        trees = self.chip.trees
         recirc = recirculation_port(self.chip, job)
         with self._session() as s:
             deployed = _deployed(s)
             table = JobTable(NUM_SLOTS, MAX_JOBS, [job_entry(rows) for rows in deployed.values()])
             generation = job.generation or new_generation()
             table.check(JobEntry.from_config(job, generation))
-            rows = plan(job, free_group([rows[0].params for rows in deployed.values()], MAX_JOBS), generation)
+            rows = plan(job, free_group([rows[0].params for rows in deployed.values()], MAX_JOBS), generation, trees)
             _install_l2(s, rows.hosts)
             if not any(r.key["f1"] == (recirc, PORT_MASK) for r in s.entries(RECIRCULATION_PORTS)):
                 s.add(RECIRCULATION_PORTS, {"f1": (recirc, PORT_MASK)}, {})
@@ -156,8 +213,12 @@ class TofinoTarget(Target):
             index = rows.replicas[0].group - 1
             for c in JobCounter:
                 s.modify(JOB_COUNTERS, {"$COUNTER_INDEX": index * JOB_COUNTER_STRIDE + c}, {"$COUNTER_SPEC_PKTS": 0})
+            if rows.uplink is not None:
+                _install_uplink(s, rows.uplink)
             for row in rows.admission:
-                s.add(ADMISSION, _admission_key(row), _admit(row, recirc), ADMIT)
+                s.add(ADMISSION, _admission_key(row, trees), _admit(row, recirc, trees), ADMIT)
+            if rows.parent is not None:
+                s.add(ADMISSION, _admission_key(rows.parent, trees), _admit_result(rows.parent, recirc), ADMIT_RESULT)
         return generation
 
     def reset(self, job_id: int) -> int:
@@ -166,19 +227,27 @@ class TofinoTarget(Target):
             rows = self._job(s, job_id)
             generation = new_generation(rows[0].params.generation)
             for e in s.entries(ADMISSION):
-                if e.key["job"] == job_id:
+                if e.action == ADMIT and e.key["job"] == job_id:
                     s.modify(ADMISSION, e.key, {**e.data, "generation": generation}, ADMIT)
         return generation
 
     def undeploy(self, job_id: int) -> None:
         with self._session() as s:
             rows = self._job(s, job_id)
+            for e in s.entries(ADMISSION):  # the parent's RESULTs first: they name the job by their action's job
+                if e.action == ADMIT_RESULT and e.data["job"] == job_id:
+                    s.delete(ADMISSION, e.key)
             for row in rows:
-                s.delete(ADMISSION, _admission_key(row))
+                s.delete(ADMISSION, _admission_key(row, self.chip.trees))
             group = rows[0].params.group
             s.delete(PRE_MGID, {"$MGID": group})
             for row in rows:
                 rid = _rid(group, row.worker)
+                s.delete(REPLICA, {"rid": rid})
+                s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
+            if rows[0].params.parent:
+                rid = _rid(group | PARENT_FLAG, 0)
+                s.delete(PRE_MGID, {"$MGID": group | PARENT_FLAG})
                 s.delete(REPLICA, {"rid": rid})
                 s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
 
@@ -217,12 +286,25 @@ class Tofino2Target(TofinoTarget):
 
 
 def _deployed(s: TableSession) -> dict[int, list[Admission]]:
-    """Every deployed job's admission rows, by job id, in rank order."""
+    """Every deployed job's workers' admission rows, by job id, in rank order."""
     jobs: dict[int, list[Admission]] = {}
     for e in s.entries(ADMISSION):
+        if e.action != ADMIT:
+            continue
         row = _admission_row(e)
         jobs.setdefault(row.job_id, []).append(row)
     return {job: sorted(rows, key=lambda r: r.worker) for job, rows in jobs.items()}
+
+
+def _install_uplink(s: TableSession, up: Uplink) -> None:
+    """A level's uplink group: one node, to the port the parent hangs off, whose replica egress makes the partial
+    sum a CONTRIB of the parent's job."""
+    rid = _rid(up.group, 0)
+    s.add(PRE_NODE, {"$MULTICAST_NODE_ID": rid},
+          {"$MULTICAST_RID": rid, "$MULTICAST_LAG_ID": [], "$DEV_PORT": [up.port]})
+    s.add(PRE_MGID, {"$MGID": up.group}, {"$MULTICAST_NODE_ID": [rid], "$MULTICAST_NODE_L1_XID_VALID": [False],
+                                          "$MULTICAST_NODE_L1_XID": [0]})
+    s.add(REPLICA, {"rid": rid}, _to_parent(up), TO_PARENT)
 
 
 def _install_l2(s: TableSession, hosts: list[tuple[int, int]]) -> None:

@@ -24,13 +24,20 @@ TOOL_DIRS = ("/opt/tofino/bin",)
 
 
 class Chip(enum.Enum):
-    """A Tofino generation: its compiler target and architecture, stages, and recirculation port of pipe 0."""
+    """A Tofino generation: its compiler target and architecture, stages, recirculation port of pipe 0, and
+    whether its program serves trees (``SA_TREES``: a level of a tree takes two stages more than Tofino 1's
+    twelve, docs/tofino.md)."""
 
-    TOFINO = ("tofino", "tna", 12, 68)
-    TOFINO2 = ("tofino2", "t2na", 20, 6)
+    TOFINO = ("tofino", "tna", 12, 68, False)
+    TOFINO2 = ("tofino2", "t2na", 20, 6, True)
 
-    def __init__(self, target: str, arch: str, stages: int, recirculation_port: int) -> None:
+    def __init__(self, target: str, arch: str, stages: int, recirculation_port: int, trees: bool) -> None:
         self.target, self.arch, self.stages, self.recirculation_port = target, arch, stages, recirculation_port
+        self.trees = trees
+
+    def defines(self) -> list[str]:
+        """The preprocessor definitions ``p4/tna`` is compiled with for this chip."""
+        return ["-DSA_TREES"] if self.trees else []
 
 
 def compiler() -> str:
@@ -53,12 +60,12 @@ def build(chip: Chip, out_dir: Path) -> dict[str, Path]:
     made = {"BfRt schema": out / "bfrt.json", "context": out / "pipe" / "context.json",
             "binary": out / "pipe" / f"{chip.target}.bin", "bf_switchd conf": out / f"{PROGRAM}.conf"}
     stamp = out / "sources.sha256"
-    digest = f"{source_digest()} {chip.target} {bf_p4c}"
+    digest = f"{source_digest()} {chip.target} {' '.join(chip.defines())} {bf_p4c}"
     if all(p.exists() for p in made.values()) and stamp.exists() and stamp.read_text() == digest:
         return made
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([bf_p4c, "-g", "--target", chip.target, "--arch", chip.arch, "--program-name", PROGRAM,
-                           "-o", str(out), str(MAIN)], capture_output=True, text=True)
+    proc = subprocess.run([bf_p4c, "-g", "--target", chip.target, "--arch", chip.arch, *chip.defines(),
+                           "--program-name", PROGRAM, "-o", str(out), str(MAIN)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SwitchAggError(f"bf-p4c failed on {MAIN} for {chip.target}:\n{(proc.stderr or proc.stdout).strip()}")
     if not made["bf_switchd conf"].exists():  # the open driver does not run p4c-gen-conf itself

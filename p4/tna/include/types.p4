@@ -53,6 +53,9 @@ header sa_recirc_h {
     bit<32>     worker_bit;
     bit<32>     other_workers;
     bit<32>     all_workers;
+#ifdef SA_TREES
+    bit<32>     parent_bit;     /* a level of a tree: its parent's bit in all_workers (else 0) */
+#endif
 }
 
 /* What a pass does to its half of a copy's values (and the second pass to the exponent). */
@@ -71,6 +74,15 @@ const bit<8> SA_TAG_NONE = 3;   /* not compared (the parser's) */
 const bit<8> SA_TAG_PEEK = 4;    /* the generation stage found the packet's: the chunk stage decides */
 const bit<8> SA_TAG_UNHELD = 5;  /* the half does not hold the chunk: another generation, or an older chunk */
 const bit<8> SA_TAG_HELD = 6;    /* the half holds the chunk: its workers are the answer */
+#ifdef SA_TREES
+/* A parent's RESULT (trees: docs/tofino.md), from the workers stage on: the half held the chunk, and
+ * md.workers_before says whether its workers were the children alone (1: the result is taken, the
+ * parent's bit set) or not (0: unexpected). */
+const bit<8> SA_TAG_TAKE = 7;
+/* A job's uplink group, one replica to its parent, is its group + SA_UPLINK_GROUPS (as v1model's
+ * group | 0x80: the job groups are 1..SA_MAX_JOBS). */
+const bit<16> SA_UPLINK_GROUPS = 0x80;
+#endif
 const bit<8> SA_NOT_CHECKED = 2;  /* md.new_generation where the generation stage did not run */
 
 struct sa_headers_t {
@@ -95,6 +107,10 @@ struct sa_ingress_metadata_t {
     bit<16>       cell;            /* slot_base + slot */
     bit<16>       job_index;       /* the job's index among the installed jobs, below SA_MAX_JOBS */
     bit<1>        query;           /* a well-formed query (the parser's verdict, but the IPv4 length) */
+#ifdef SA_TREES
+    bit<1>        result;          /* a parent's RESULT of K values, well formed (the parser's, both passes) */
+    bit<32>       parent_bit;      /* a level of a tree: the parent's bit in all_workers (else 0) */
+#endif
     /* admission */
     bit<1>        admitted;
     bit<32>       generation;      /* the job's installed one: what a probe's reply carries */
