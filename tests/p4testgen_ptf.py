@@ -88,6 +88,7 @@ _ADMIT_ASSUMPTIONS = """\
         testgen_assume(recirc_port == SA_TESTGEN_RECIRC_PORT);
 #ifdef SA_TREES
         testgen_assume(parent_bit == 0 || parent_bit == (all_workers >> 1) + 1 && worker_bit != parent_bit);
+        testgen_assume(hdr.sa.type[0:0] == 1);  /* a worker's entry: its key's type bit */
 #endif
 """
 # A level's entry for its parent's RESULTs (tofino.py's _admit_result): n >= 1 children, the parent bit n.
@@ -97,6 +98,7 @@ _ADMIT_RESULT_ASSUMPTIONS = """\
         testgen_assume(other_workers == all_workers & ~parent_bit);
         testgen_assume(slot_count != 0 && (bit<17>)slot_base + (bit<17>)slot_count <= SA_NUM_SLOTS);
         testgen_assume(recirc_port == SA_TESTGEN_RECIRC_PORT);
+        testgen_assume(hdr.sa.type[0:0] == 0);  /* the parent's entry: its key's type bit */
 """
 _WORKERS_ASSUMPTION = """\
             testgen_assume(value != 0 && value & ~md.all_workers == 0);
@@ -528,6 +530,9 @@ def translate(test: PtfTest, chip: Chip) -> Setup:
         setup = Setup(model, job, data["job_index"], (bit, data["other_workers"], all_workers), data["recirc_port"],
                       trees=chip.trees, parent_bit=parent_bit)
     _set_registers(test, setup, FIRST_HALF)
+    for i, tag in enumerate(model.tag):  # a path that only writes the values reads no value register
+        if tag and model.values[i] is None:
+            model.values[i] = np.zeros(P4_VALUES_PER_PACKET, dtype=">i4")
     return setup
 
 
@@ -734,7 +739,8 @@ def tofino_expectation(setup: Setup, frame: bytes, port: int) -> Expectation:
     if datagram is not None and _owner_marked(frame) and _lengths_right(frame):
         difference = "reduce-scatter (FLAG_OWNER or an owner): malformed on Tofino"
         return Expectation([], [], [("global", 0, GlobalDrop.MALFORMED)], difference)
-    if datagram is not None and len(frame) < 14 + datagram[0] and not _parsed_to_its_end(frame, datagram[1]):
+    if (datagram is not None and len(frame) < 14 + datagram[0]
+            and not _parsed_to_its_end(frame, datagram[1], setup.trees)):
         difference = "a frame shorter than its datagram, which the parser does not read to its end"
         frame = frame + bytes(14 + datagram[0] - len(frame))
     before = (list(model.global_counters), {j: list(c) for j, c in model.job_counters.items()})
@@ -837,13 +843,15 @@ def _datagram(frame: bytes) -> tuple[int, int] | None:
     return int.from_bytes(frame[16:18], "big"), int.from_bytes(frame[38:40], "big")
 
 
-def _parsed_to_its_end(frame: bytes, udp_len: int) -> bool:
+def _parsed_to_its_end(frame: bytes, udp_len: int, trees: bool) -> bool:
     """Whether the parser reads a datagram to its last byte (so a frame cut short of it is malformed, as in the
-    model): one of a header's length, or a contribution's whose header the parser takes as well formed."""
+    model): one of a header's length, or a contribution's (with trees, a RESULT's too) whose header the parser
+    takes as well formed."""
     h = frame[ETH_IP_UDP_SIZE:ETH_IP_UDP_SIZE + HEADER_SIZE]
     if udp_len == 8 + HEADER_SIZE or len(h) < HEADER_SIZE:
         return True
-    return udp_len == 8 + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET and h[0] == VERSION and h[1] == PacketType.CONTRIB \
+    types = (PacketType.CONTRIB, PacketType.RESULT) if trees else (PacketType.CONTRIB,)
+    return udp_len == 8 + HEADER_SIZE + 4 * P4_VALUES_PER_PACKET and h[0] == VERSION and h[1] in types \
         and not h[2] & ~1 and h[3] < 32 and h[21] == 0 and h[22:24] == P4_VALUES_PER_PACKET.to_bytes(2, "big")
 
 

@@ -211,6 +211,16 @@ def test_a_job_across_pipes_is_refused():
         tofino.TofinoTarget(session=lambda: None).deploy(cfg)
 
 
+def test_a_level_whose_parent_is_on_another_pipe_is_refused():
+    """A level's parent's RESULTs take the registers of the pipe they come in on: the workers' pipe, or none."""
+    cfg = leaf_job(2)
+    cfg = dataclasses.replace(cfg, parent=dataclasses.replace(cfg.parent, switch_port=tofino.PORTS_PER_PIPE + 20))
+    with pytest.raises(ConfigError, match="workers and parent are on pipes"):
+        tofino.recirculation_port(tofino_build.Chip.TOFINO2, cfg)
+    chip = tofino_build.Chip.TOFINO2
+    assert tofino.recirculation_port(chip, leaf_job(2)) == chip.recirculation_port
+
+
 def test_the_recirculation_port_is_the_pipe_s():
     assert tofino.recirculation_port(tofino_build.Chip.TOFINO, p4_job(1, ports=[130])) == 128 + 68
     assert tofino.recirculation_port(tofino_build.Chip.TOFINO2, p4_job(1, ports=[300])) == 256 + 6

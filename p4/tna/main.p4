@@ -295,7 +295,7 @@ control SaIngress(inout sa_headers_t hdr, inout sa_ingress_metadata_t md,
 #ifdef SA_TREES
         } else if (md.op != SA_OP_NONE && md.result == 1) {
             recirculate();  /* a parent's RESULT taken: counted once, in the second pass */
-        } else if (md.result == 1) {
+        } else if (md.result == 1 && md.tag != SA_TAG_NONE) {  /* admitted: its tag was read */
             drop_job(SA_JOB_UNEXPECTED_RESULT);  /* no copy awaited it */
 #endif
         } else if (md.op != SA_OP_NONE) {

@@ -68,6 +68,11 @@ control Validation(in sa_headers_t hdr, inout sa_ingress_metadata_t md,
              0 &&& 0xc000, 8 + SA_HEADER_BYTES): well_formed();
             (_, _, 20, SA_VERSION, SA_TYPE_PROBE, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
              0, 8 + SA_HEADER_BYTES): well_formed();
+#ifdef SA_TREES
+            /* a parent's RESULT of another count: admission's verdict, then bad_count, as a contribution's */
+            (_, _, 20, SA_VERSION, SA_TYPE_RESULT, 0 &&& ~SA_FLAG_COPY, 0 &&& ~((bit<8>)SA_MAX_WORKERS - 1), 0,
+             0 &&& 0xc000, 8 + SA_HEADER_BYTES): well_formed();
+#endif
             (_, _, 20, SA_VERSION, _, _, _, _, _, _): malformed();
             (_, _, 20, _, _, _, _, _, _, _): bad_version();
         }

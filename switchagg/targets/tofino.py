@@ -88,11 +88,14 @@ def tables(chip: Chip) -> Tables:
 
 
 def recirculation_port(chip: Chip, cfg: JobConfig) -> int:
-    """The recirculation port of the pipe all of the job's workers are on (registers are per pipe)."""
-    pipes = {w.switch_port // PORTS_PER_PIPE for w in cfg.workers}
+    """The recirculation port of the pipe all of the job's workers (and a level's parent, whose RESULTs take the
+    same registers) are on: registers are per pipe."""
+    ports = [w.switch_port for w in cfg.workers] + ([cfg.parent.switch_port] if cfg.parent is not None else [])
+    pipes = {port // PORTS_PER_PIPE for port in ports}
     if len(pipes) != 1:
-        raise ConfigError(f"job {cfg.job_id}'s workers are on pipes {sorted(pipes)}: a job's state lives in one "
-                          "pipe's registers, so connect all its workers to ports of one pipe")
+        raise ConfigError(f"job {cfg.job_id}'s workers{' and parent' if cfg.parent is not None else ''} are on pipes "
+                          f"{sorted(pipes)}: a job's state lives in one pipe's registers, so connect all of them to "
+                          "ports of one pipe")
     return pipes.pop() * PORTS_PER_PIPE + chip.recirculation_port
 
 
