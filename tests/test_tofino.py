@@ -211,6 +211,18 @@ def test_a_job_across_pipes_is_refused():
         tofino.TofinoTarget(session=lambda: None).deploy(cfg)
 
 
+def test_each_level_of_a_tree_file_is_reached_at_its_own_control_address():
+    """`switchagg deploy --target tofino2 --config tree.toml` takes no --address: each level's [switch] control
+    names its switch's BfRt address."""
+    from switchagg.targets import TargetOptions
+
+    level = dataclasses.replace(leaf_job(2), control=Endpoint("10.9.0.2", 50052))
+    assert tofino.Tofino2Target.open(TargetOptions(config=level)).address == "10.9.0.2:50052"
+    assert tofino.Tofino2Target.open(TargetOptions(config=level, address="10.9.0.3:50052")).address == "10.9.0.3:50052"
+    no_control = dataclasses.replace(level, control=None)
+    assert tofino.Tofino2Target.open(TargetOptions(config=no_control)).address == "127.0.0.1:50052"
+
+
 def test_a_level_whose_parent_is_on_another_pipe_is_refused():
     """A level's parent's RESULTs take the registers of the pipe they come in on: the workers' pipe, or none."""
     cfg = leaf_job(2)

@@ -163,10 +163,14 @@ class TofinoTarget(Target):
 
     @classmethod
     def open(cls, options: TargetOptions) -> TofinoTarget:
+        """At ``--address``, else the job file's ``[switch] control`` (every level of a tree file names its own BfRt
+        address there), else 127.0.0.1:50052."""
         if options.pipeline:
             raise ConfigError("--pipeline: bf_switchd loads the program at start (its --conf-file); build it with "
                               f"`switchagg build-p4 --target {cls.name}` and start bf_switchd with it")
-        return cls(options.address or "127.0.0.1:50052", options.device_id or 0)
+        config = options.config
+        control = str(config.control) if config is not None and config.control is not None else None
+        return cls(options.address or control or "127.0.0.1:50052", options.device_id or 0)
 
     @classmethod
     def build(cls, out_dir: Path) -> dict[str, Path]:
