@@ -1118,6 +1118,28 @@ def test_a_call_from_a_first_slot_on_uses_the_slots_from_there_and_sums_through_
                   now=0.0, progress_timeout=5.0, first_slot=3, call=(np.zeros(16, np.int32), bytes(64)))
 
 
+def test_a_switch_that_serves_at_a_rate_queues_what_reaches_it_at_once(impl):
+    """SimNet.service: a switch that takes one packet at a time, as a real one serves at a rate, so that a
+    window sent at once waits in its queue and results come late in bunches (the loss bench's embedded
+    switch on a busy host): a lossless call lasts at least the switch's time for every contribution, where
+    an instant switch answers within a few round trips, and every sum is still exact."""
+    job = Job(n=4, slots=64, k=16)
+    xs = data(4, 16 * 200, dtype=np.int32)
+    times = {}
+    for service in (0.0, 0.0001):
+        model = SwitchModel(64)
+        model.add_job(job.entry())
+        net = SimNet(model, Impairment(latency=0.0001), Impairment(latency=0.0001), impl=impl, service=service)
+        ws = [net.add_worker(job, r) for r in range(job.n)]
+        for w, x in zip(ws, xs, strict=True):
+            net.start(w, x)
+        net.run()
+        assert all(w.error is None and np.array_equal(w.out, np.sum(xs, axis=0)) for w in ws)
+        times[service] = net.now
+    contributions = job.n * (200 + ws[0].red.rounds)
+    assert times[0.0001] >= contributions * 0.0001 > 10 * times[0.0]
+
+
 def test_a_run_of_all_that_is_out_is_probed_and_found_within_a_few_round_trips_not_an_rto(impl):
     """A run that takes every packet out (a GSO batch dropped whole, a queue that overflowed) leaves no
     later result to reveal it: after a probe timeout of silence the oldest goes again, with a full window
