@@ -135,6 +135,7 @@ class StagedPayloads(Payloads, Protocol):
 
 BACKOFF_CAP = 3  # once a call has results, a resent packet's wait doubles at most this often
 EARLY_PROBE = 4  # a call with a full window out, or none of its results yet, probes only with this many out
+RUN_CAP = 64  # a run that a lossy silence's probe finds lost resends at most this many: a GSO message's datagrams
 BURST_STEPS = 3  # a lossy silence's probes after its first: 4, 16 and 64 packets a probe timeout apart, then doubling
 LOST, PROBE, TIMEOUT = 0, 1, 2  # why a packet is resent: RACK found it lost, a tail loss probe, its timer
 SENT, ASKED, WAITING = 0, 1, 2  # a packet out: its data sent; a QUERY sent; a peer's missing (the switch said)
@@ -234,6 +235,9 @@ class Reduction:
         self._probe_from = now  # the last new result or probe: the next probe waits from here
         self._first_result = math.inf  # when this call's first result came
         self._stalled = False  # a packet went again for an RTO of silence since the last new result
+        # the first send of a lossy silence's probed packet whose resend was answered in this receive batch: what
+        # went out once no later than it is lost with it (_resend_run); -inf: none
+        self._run_lost = -math.inf
         self._start_batch()
         self._fill(now)
 
@@ -444,6 +448,8 @@ class Reduction:
                 self._receive_pending(h, now)
             else:
                 self.foreign += 1
+        if self._run_lost > -math.inf:
+            self._resend_run(now)
         if self._taken:
             self.window.on_results(now, self._taken, self._longest, self._shortest, self._settled,
                                    self._settled_shortest)
@@ -452,6 +458,27 @@ class Reduction:
             self._fill(now)
             self._cap_tail()
         return fresh
+
+    def _resend_run(self, now: float) -> None:
+        """Resend the packets sent once no later than :attr:`_run_lost` whose results the receive batch did
+        not bring: the run that a lossy silence's probe found lost, one loss for the window.
+
+        The probe (the oldest packet sent once) came back answered, so its first send was lost, its
+        contribution on the way up or its result on the way down, and so was what left with it: a GSO
+        message is lost whole, and a run at the switch's output takes the results that follow. Without
+        this a worker whose last message was lost whole sent one packet a probe timeout (its result
+        gives the rest a probe timeout to come, for a late peer's), so a lost tail of n packets took n
+        probe timeouts: in simulation of the gso bed (7 workers, 5%), a call of 8 data chunks 22 ms
+        against 0.4 ms lossless. Asking first, a probe is a QUERY and its PENDING says the same
+        (:meth:`_receive_pending`). Only on a lossy path (the silence bursts), where a silence is
+        likelier a lost run than a late peer, whose results would follow the probe's at once.
+        """
+        due, self._run_lost = self._run_lost, -math.inf
+        run = [u for u, e in self._outstanding.items() if not e[1] and e[0] <= due][:RUN_CAP]
+        for u in run:
+            self._resend(u, LOST, now)
+        if run:
+            self.window.on_loss()
 
     def _start_batch(self) -> None:
         """No results yet of the receive batch's packets sent once, for the window (Window.on_results): how
@@ -567,7 +594,14 @@ class Reduction:
                     self._settled_shortest = min(self._settled_shortest, rtt)
             if order > self._rack_order:
                 self._rack_order, self._rack_rtt = order, rtt
-        elif state != WAITING and self.window.is_spurious(now - sent):
+        elif state != WAITING and not self._probes and self.window.is_spurious(now - sent):
+            # Sooner than any round trip after the resend: the original's result, a timeout that was early.
+            # Not in a silence the call probed: there the original's result was lost (nothing came), and the
+            # switch answers a resend of a finished sum from the copy it holds at once, sooner than a round
+            # trip that waits for the slowest peer. Taken for the original's, that answer taught a round trip
+            # of the whole silence and no RACK: a worker that lost a run of results at a call's tail got
+            # them back one probe (and one longer probe timeout) at a time, 40 ms on a call of 28 ms in
+            # simulation of the gso bed.
             self.window.undo()
             self.window.on_result(now - first, now, first >= self._first_result)  # the original's true round trip
         else:
@@ -590,6 +624,11 @@ class Reduction:
                 oldest = self._outstanding[next(iter(self._outstanding))][0]
                 self._rack_order = order
                 self._rack_rtt = max(now - sent, now - oldest + self.window.probe_timeout)
+                if self._bursting:
+                    # On a lossy path the probe's result says what went with the probed packet's first send
+                    # (its GSO message, its run at the switch's output: the packets sent once no later) was
+                    # lost with it; they go again at the batch's end (_resend_run), not a probe timeout each
+                    self._run_lost = max(self._run_lost, first)
         self.last_progress = self._probe_from = now
         self._first_result = min(self._first_result, now)
         if self._probes:  # a silence ended: what was resent during it need not wait out its backoff
