@@ -49,6 +49,7 @@
 #define EARLY_PROBE 4
 #define BURST_STEPS 3  /* protocol.BURST_STEPS */
 #define RUN_CAP 64  /* protocol.RUN_CAP */
+#define RUN_ASK 8  /* protocol.RUN_ASK */
 
 /* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
 typedef struct {
@@ -1103,17 +1104,35 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
+/* Reduction._run_length: of how many packets (up to RUN_ASK) entry t, sent once and found lost, heads a run:
+ * those after it sent once in its batch, at the next orders. */
+static Py_ssize_t run_length(const Stream *s, Py_ssize_t t) {
+    const Entry *e = s->entries;
+    Py_ssize_t n = 1;
+    while (n < RUN_ASK && t + n < s->next && e[t + n].in_flight && !e[t + n].retries
+           && e[t + n].last_send == e[t].last_send && e[t + n].order == e[t].order + n)
+        n++;
+    return n;
+}
+
 /* Reduction._resend: entry t again (`why`), or a QUERY about it first where the job asks first, unless the
- * switch said this worker's contribution is missing (and a lone worker has no one else to blame). */
+ * switch said this worker's contribution is missing (and a lone worker has no one else to blame); a job that
+ * resends without asking asks about a run found lost at once (run_length). */
 static int resend(Stream *s, Py_ssize_t t, int why, double now) {
     unlist(s, t);
     const Entry *e = &s->entries[t];
-    int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
+    int ask = s->n_workers > 1 && !(e->retries && e->state == SENT);
     if (ask && why == LOST && !e->retries) {  /* a run found lost at once asks one QUERY (Reduction.tick) */
         if (now == s->run_at && e->last_send == s->run_first)
             return send_entry(s, t, now, 1, ASKED, 0);
-        s->run_at = now;
-        s->run_first = e->last_send;
+        if (s->ask_first || run_length(s, t) >= RUN_ASK) {
+            s->run_at = now;
+            s->run_first = e->last_send;
+        } else {
+            ask = 0;
+        }
+    } else if (!s->ask_first) {
+        ask = 0;
     }
     if (ask)
         s->queries++;
@@ -1724,13 +1743,13 @@ int sa_add_stream_type(PyObject *module) {
                                    "FLAG_COPY", FLAG_COPY, "FLAG_OWNER", FLAG_OWNER, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
-    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisisisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
                                        "LOSS_QUEUE", LOSS_QUEUE,
                                        "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
                                        BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
                                        "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY, "LOSSY_RESULTS", LOSSY_RESULTS,
                                        "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS, "BURST_STEPS", BURST_STEPS,
-                                       "RUN_CAP", RUN_CAP);
+                                       "RUN_CAP", RUN_CAP, "RUN_ASK", RUN_ASK);
     int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0
              && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0
