@@ -48,6 +48,8 @@
 #define LOSSY_RESULTS 1024
 #define EARLY_PROBE 4
 #define BURST_STEPS 3  /* protocol.BURST_STEPS */
+#define RUN_CAP 64  /* protocol.RUN_CAP */
+#define RUN_ASK 8  /* protocol.RUN_ASK */
 
 /* protocol.Window's state (protocol.WindowState, WINDOW_FIELDS below). */
 typedef struct {
@@ -171,6 +173,7 @@ typedef struct {
     double longest, shortest, settled_shortest;
     long probes;          /* tail loss probes sent since the last new result */
     int bursting;         /* the silence began on a lossy path: its probes are bursts (probe_burst) */
+    double run_lost;      /* the first send of a lossy silence's probe answered in this batch (resend_run); -inf */
     Py_ssize_t quiet_from;  /* the order of the first send after the call's last silence (a probe or timeout) */
     double run_at, run_first;  /* when, and the first send of, the last QUERY about a lost packet sent once */
     double probe_from;    /* the last new result or probe: the next probe waits from here */
@@ -956,7 +959,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
             s->rack_order = e->order;
             s->rack_rtt = rtt;
         }
-    } else if (e->state != WAITING && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {  /* spurious */
+    } else if (e->state != WAITING && !s->probes && now - sent < s->w.min_rtt && s->w.min_rtt < INFINITY) {
+        /* spurious: the original's result (not in a probed silence, where it is the switch's held copy's) */
         double first_send = s->resends[t].first_send;
         win_undo(&s->w);
         win_on_result(&s->w, now - first_send, now, first_send >= s->first_result);
@@ -969,6 +973,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
              * probe timeout from now (Reduction._receive) */
             s->rack_order = e->order;
             s->rack_rtt = dmax(now - sent, now - s->entries[s->sends.head].last_send + probe_timeout(&s->w));
+            if (s->bursting)  /* on a lossy path, what left with it was lost with it (resend_run) */
+                s->run_lost = dmax(s->run_lost, s->resends[t].first_send);
         }
     }
     s->last_progress = s->probe_from = now;
@@ -996,9 +1002,36 @@ static void start_batch(Stream *s) {
     s->shortest = s->settled_shortest = INFINITY;
 }
 
+static int resend(Stream *s, Py_ssize_t t, int why, double now);
+
+/* Reduction._resend_run: the packets sent once no later than run_lost (at most RUN_CAP, oldest send first)
+ * go again, one loss for the window. Returns -1 when out of memory. */
+static int resend_run(Stream *s, double now) {
+    double due = s->run_lost;
+    s->run_lost = -INFINITY;
+    Py_ssize_t n = 0;
+    Entry *e = s->entries;
+    for (uint32_t u = s->sends.head, next; u != NONE && n < RUN_CAP; u = next) {
+        next = e[u].link[SENDS][NEXT];  /* u moves to the end, as a resend, where it is not taken again */
+        if (e[u].retries || e[u].last_send > due)
+            continue;
+        n++;
+        if (resend(s, u, LOST, now) < 0)
+            return -1;
+        e = s->entries;
+    }
+    if (n) {  /* Window.on_loss */
+        s->w.losses++;
+        s->w.since_loss = 0;
+    }
+    return 0;
+}
+
 /* Reduction.receive_batch's end: the window learns from the batch's round trips, and (new results in it)
  * is filled. Returns -1 when out of memory. */
 static int end_batch(Stream *s, double now, Py_ssize_t fresh) {
+    if (s->run_lost > -INFINITY && resend_run(s, now) < 0)
+        return -1;
     if (s->taken) {
         win_on_results(&s->w, now, s->taken, s->longest, s->shortest, s->settled, s->settled_shortest);
         start_batch(s);
@@ -1071,17 +1104,35 @@ static PyObject *Stream_receive_batch(Stream *s, PyObject *args) {
 
 /* ---- time (Reduction.next_deadline, tick) ----------------------------------------------------- */
 
+/* Reduction._run_length: of how many packets (up to RUN_ASK) entry t, sent once and found lost, heads a run:
+ * those after it sent once in its batch, at the next orders. */
+static Py_ssize_t run_length(const Stream *s, Py_ssize_t t) {
+    const Entry *e = s->entries;
+    Py_ssize_t n = 1;
+    while (n < RUN_ASK && t + n < s->next && e[t + n].in_flight && !e[t + n].retries
+           && e[t + n].last_send == e[t].last_send && e[t + n].order == e[t].order + n)
+        n++;
+    return n;
+}
+
 /* Reduction._resend: entry t again (`why`), or a QUERY about it first where the job asks first, unless the
- * switch said this worker's contribution is missing (and a lone worker has no one else to blame). */
+ * switch said this worker's contribution is missing (and a lone worker has no one else to blame); a job that
+ * resends without asking asks about a run found lost at once (run_length). */
 static int resend(Stream *s, Py_ssize_t t, int why, double now) {
     unlist(s, t);
     const Entry *e = &s->entries[t];
-    int ask = s->ask_first && s->n_workers > 1 && !(e->retries && e->state == SENT);
+    int ask = s->n_workers > 1 && !(e->retries && e->state == SENT);
     if (ask && why == LOST && !e->retries) {  /* a run found lost at once asks one QUERY (Reduction.tick) */
         if (now == s->run_at && e->last_send == s->run_first)
             return send_entry(s, t, now, 1, ASKED, 0);
-        s->run_at = now;
-        s->run_first = e->last_send;
+        if (s->ask_first || run_length(s, t) >= RUN_ASK) {
+            s->run_at = now;
+            s->run_first = e->last_send;
+        } else {
+            ask = 0;
+        }
+    } else if (!s->ask_first) {
+        ask = 0;
     }
     if (ask)
         s->queries++;
@@ -1454,6 +1505,7 @@ static int Stream_init(Stream *s, PyObject *args, PyObject *kwds) {
     s->probe_from = now;
     s->probes = 0;
     s->bursting = 0;
+    s->run_lost = -INFINITY;
     s->first_result = INFINITY;
     start_batch(s);
     memcpy(s->copy0, copies.buf, (size_t)s->slots);
@@ -1691,12 +1743,13 @@ int sa_add_stream_type(PyObject *module) {
                                    "FLAG_COPY", FLAG_COPY, "FLAG_OWNER", FLAG_OWNER, "EXP_NONE", EXP_NONE, "EXP_NONFINITE", EXP_NONFINITE,
                                    "MAX_WORKERS", MAX_WORKERS);
     PyObject *window = Py_BuildValue("(ssssssssssssssssssssss)", WINDOW_FIELDS);
-    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
+    PyObject *protocol = Py_BuildValue("{sdsdsdsisdsisdsisdsdsisisisisisi}", "LOSS_SHARE", LOSS_SHARE, "QUEUE_LIMIT", QUEUE_LIMIT,
                                        "LOSS_QUEUE", LOSS_QUEUE,
                                        "DELAY_SAMPLES", DELAY_SAMPLES, "DELAY_BETA", DELAY_BETA, "BACKOFF_CAP",
                                        BACKOFF_CAP, "MIN_RESEND", MIN_RESEND, "RESEND_DEVIATIONS", RESEND_DEVIATIONS,
                                        "MIN_PROBE", MIN_PROBE, "MIN_PROBE_LOSSY", MIN_PROBE_LOSSY, "LOSSY_RESULTS", LOSSY_RESULTS,
-                                       "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS, "BURST_STEPS", BURST_STEPS);
+                                       "EARLY_PROBE", EARLY_PROBE, "TAIL_RTTS", TAIL_RTTS, "BURST_STEPS", BURST_STEPS,
+                                       "RUN_CAP", RUN_CAP, "RUN_ASK", RUN_ASK);
     int rc = layout && wire && window && protocol && PyModule_AddObjectRef(module, "HEADER_LAYOUT", layout) == 0
              && PyModule_AddObjectRef(module, "WIRE", wire) == 0
              && PyModule_AddObjectRef(module, "WINDOW_FIELDS", window) == 0

@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +37,12 @@ WAKE = "wake"  # an event's source that is a worker's wake to take its inbox (Ba
 SWITCH = "switch"  # the one switch's address, where a net has one
 UP = (PacketType.CONTRIB, PacketType.QUERY, PacketType.PROBE)  # what a switch sends towards the root
 RUN_SPAN = 0.0002  # s: a lost run takes the packets of a link that follow within this long (a queue's overflow)
+
+
+class Queued(NamedTuple):
+    """An event's source that is a datagram from ``src`` that waited in a switch's queue (SimNet.service)."""
+
+    src: object
 
 
 @dataclass
@@ -204,6 +211,9 @@ class SimNet:
     workers: dict[tuple[str, int], Worker] = field(default_factory=dict)
     sent_log: list[tuple[float, tuple[str, int], bytes]] = field(default_factory=list)  # every worker packet
     switches: dict = field(default_factory=dict)  # address -> SwitchModel: every switch, the one model's too
+    # seconds a switch takes per packet: one in at a time, so that a burst queues there as at a real one's rate
+    # (0: none, every packet at once)
+    service: float = 0.0
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -214,6 +224,7 @@ class SimNet:
         self.dropped = 0  # packets the links lost
         self._events: list = []
         self._seq = itertools.count()
+        self._busy: dict = {}  # switch -> when it is done with the packets it holds (service)
 
     def add_tree_workers(self, t: Tree) -> list[Worker]:
         """A worker for every rank of tree ``t``, each sending to its leaf, in tree-rank order."""
@@ -424,6 +435,14 @@ class SimNet:
                 at, _, dst, data, src = heapq.heappop(self._events)
                 self.now = max(self.now, at)
                 if dst in self.switches:
+                    if isinstance(src, Queued):  # its turn came
+                        src = src.src
+                    elif self.service:  # its queue: a packet is taken once those before it are
+                        turn = max(self.now, self._busy.get(dst, 0.0))
+                        self._busy[dst] = turn + self.service
+                        if turn > self.now:
+                            heapq.heappush(self._events, (turn, next(self._seq), dst, data, Queued(src)))
+                            continue
                     for emit in self.switches[dst].process(data, src):
                         toward = self.up if emit.header.type in UP else self.down
                         self._transmit(toward, emit.dst, emit.payload(), dst)

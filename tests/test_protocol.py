@@ -482,10 +482,11 @@ def _one_worker_call(impl: str, n_chunks: int, *, started: bool = False, window:
     held: list[bytes] = []
 
     def send_and_answer(now: float, drop: Collection[int] = (), hold: Collection[int] = (),
-                        dark: list[int] | None = None) -> None:
+                        dark: list[int] | None = None, lose: Collection[int] = ()) -> None:
         """Everything due goes out; what is not dropped (by chunk id) comes back at ``now``, in one receive
-        batch, except what is held, which comes first in the next call's batch. ``dark``: [n], a hop that
-        drops the next n packets reaching it, counted down; with it, everything due goes, not a row's worth."""
+        batch, except what is held, which comes first in the next call's batch, and what is lost (its result:
+        the switch holds the sum). ``dark``: [n], a hop that drops the next n packets reaching it, counted
+        down; with it, everything due goes, not a row's worth."""
         sums = held[:]
         held.clear()
         while n := red.emit(rows, np.zeros(len(rows), np.uint32)):
@@ -495,7 +496,8 @@ def _one_worker_call(impl: str, n_chunks: int, *, started: bool = False, window:
                     dark[0] -= 1
                 elif chunk not in drop:
                     for e in model.process(row.tobytes(), job.address(0)):
-                        (held if chunk in hold else sums).append(e.payload())
+                        if chunk not in lose:
+                            (held if chunk in hold else sums).append(e.payload())
             if dark is None:
                 break
         red.receive_batch(b"".join(sums), (size * np.arange(len(sums))).astype(np.uint32),
@@ -937,6 +939,41 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
     assert python[3] > 0 and (python[4] > 0) == ask_first  # the impairments made it retransmit (and ask)
 
 
+@pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_implementations_send_the_same_bytes_where_runs_outgrow_the_small_windows(seed, ask_first):
+    """The twins held to each other where windows are wide and runs long: a worker's sends at once lost
+    whole (GSO) and runs of 24 results, with up to 96 packets out, so that runs found lost at once pass
+    ``RUN_ASK`` (a job that resends without asking asks about them) and a lossy silence's probe finds
+    runs longer than ``RUN_CAP`` lost with it, which the test of the small windows above never makes."""
+    job = Job(n=4, slots=96, k=4, ask_first=ask_first)
+    up = Impairment(loss=0.1, dup=0.05, latency=0.001, jitter=0.0002, whole=True)
+    down = Impairment(loss=0.1, dup=0.05, latency=0.001, jitter=0.0002, run=24)
+    rng = np.random.default_rng(seed)
+    xs = [[rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(job.n)] for size in (1500, 40, 900, 3, 1200)]
+    runs = {}
+    for impl in IMPLEMENTATIONS:
+        model = SwitchModel(96)
+        model.add_job(job.entry())
+        net = SimNet(model, up=up, down=down, seed=seed, impl=impl,
+                     batching=Batching(wake=0.0005, messages=8, segments=64))
+        ws = [net.add_worker(job, r) for r in range(job.n)]
+        outs, resent, asked = [], 0, 0
+        for call in xs:
+            for w, x in zip(ws, call, strict=True):
+                net.start(w, x)
+            net.run()
+            assert all(w.error is None and np.array_equal(w.out, np.sum(call, axis=0)) for w in ws)
+            outs.append([w.window.state() for w in ws])
+            resent += sum(w.red.retransmissions for w in ws)
+            asked += sum(w.red.queries for w in ws)
+        runs[impl] = (net.sent_log, outs, resent, asked, net.now)
+    python, native = runs["python"], runs["native"]
+    assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
+    assert python[1:] == native[1:]
+    assert python[2] > 0 and python[3] > 0  # resent, and asked: about runs, where the job resends without asking
+
+
 # Calls among 32 ranks at K = 16, whose call round's descriptors are 4 chunks (calls.parts): of a chunk and of
 # less (a call round longer than its data), of more chunks than slots, an empty one, a reduce-scatter, one where
 # rank 21 (the third chunk's) calls with another length, and one that rank 5 (the first chunk's) failed:
@@ -1118,6 +1155,28 @@ def test_a_call_from_a_first_slot_on_uses_the_slots_from_there_and_sums_through_
                   now=0.0, progress_timeout=5.0, first_slot=3, call=(np.zeros(16, np.int32), bytes(64)))
 
 
+def test_a_switch_that_serves_at_a_rate_queues_what_reaches_it_at_once(impl):
+    """SimNet.service: a switch that takes one packet at a time, as a real one serves at a rate, so that a
+    window sent at once waits in its queue and results come late in bunches (the loss bench's embedded
+    switch on a busy host): a lossless call lasts at least the switch's time for every contribution, where
+    an instant switch answers within a few round trips, and every sum is still exact."""
+    job = Job(n=4, slots=64, k=16)
+    xs = data(4, 16 * 200, dtype=np.int32)
+    times = {}
+    for service in (0.0, 0.0001):
+        model = SwitchModel(64)
+        model.add_job(job.entry())
+        net = SimNet(model, Impairment(latency=0.0001), Impairment(latency=0.0001), impl=impl, service=service)
+        ws = [net.add_worker(job, r) for r in range(job.n)]
+        for w, x in zip(ws, xs, strict=True):
+            net.start(w, x)
+        net.run()
+        assert all(w.error is None and np.array_equal(w.out, np.sum(xs, axis=0)) for w in ws)
+        times[service] = net.now
+    contributions = job.n * (200 + ws[0].red.rounds)
+    assert times[0.0001] >= contributions * 0.0001 > 10 * times[0.0]
+
+
 def test_a_run_of_all_that_is_out_is_probed_and_found_within_a_few_round_trips_not_an_rto(impl):
     """A run that takes every packet out (a GSO batch dropped whole, a queue that overflowed) leaves no
     later result to reveal it: after a probe timeout of silence the oldest goes again, with a full window
@@ -1139,6 +1198,31 @@ def test_a_run_of_all_that_is_out_is_probed_and_found_within_a_few_round_trips_n
     assert {c for c, _, _ in red.pending()} >= set(lost[1:])  # all but the probe's, answered, went again
 
 
+def test_a_run_of_results_lost_on_a_lossy_path_goes_again_with_the_probes_answer(impl):
+    """A run of this worker's results lost (the switch holds the sums) on a path that lost packets lately:
+    the silence's probe is answered at once from the switch's copy, sooner than any round trip (one waits
+    for the slowest peer), and that answer is the probe's, not the lost original's; what left with the
+    probed packet went with it, and goes again as the answer comes, not one probe (and one probe timeout)
+    a packet. Taken for the original's answer, it taught the silence as a round trip and found nothing
+    lost: in simulation of the gso bed, a worker that lost the results of a call's tail got them back one
+    probe at a time, 40 ms on a call of 28 ms."""
+    window = Window(8, initial=2)
+    window.on_loss()  # the path lost a packet lately (Window.lossy)
+    red, send_and_answer = _one_worker_call(impl, 64, started=True, window=window)
+    send_and_answer(0.001)
+    send_and_answer(0.002)
+    run = sorted(c for c, _, _ in red.pending())
+    assert len(run) == red.window.size == 8 and red.window.lossy
+    send_and_answer(0.002, lose=range(64))  # the switch sums them all; their results are lost
+    probe = red.next_deadline()
+    red.tick(probe)
+    assert red.retransmissions == 1
+    send_and_answer(probe + 0.0001)  # answered from the switch's copy, a tenth of the round trip later
+    assert red.retransmissions == 8  # the rest of the run went with it
+    send_and_answer(probe + 0.0002)
+    assert not set(run) & {c for c, _, _ in red.pending()}
+
+
 def test_round_trips_that_waited_for_a_recovery_teach_neither_the_rto_nor_the_queue(impl):
     """Results that come only after the call went silent (held up by a peer's recovery, or a lost run's)
     waited for that, not for the path: taken for round trips, they grew the RTO to its maximum and shrank
@@ -1155,13 +1239,14 @@ def test_round_trips_that_waited_for_a_recovery_teach_neither_the_rto_nor_the_qu
     assert red.window.min_rtt == window.min_rtt and red.window.cwnd >= window.cwnd
 
 
-def _two_workers_asking(impl: str, n_chunks: int, initial: int = 8):
-    """A 2-worker job that asks first (loss_recovery "query"), int32 data alone, and a switch; ``exchange``
-    sends what a worker has due and delivers the switch's answers, but for what is dropped."""
+def _two_workers_asking(impl: str, n_chunks: int, initial: int = 8, ask_first: bool = True):
+    """A 2-worker job that asks first (loss_recovery "query"; ``ask_first`` False: "resend"), int32 data alone,
+    and a switch; ``exchange`` sends what a worker has due and delivers the switch's answers, but for what is
+    dropped."""
     from switchagg.payloads import Int32Payloads
     from switchagg.wire import datagram_size
 
-    job = Job(n=2, slots=16, k=16, ask_first=True)
+    job = Job(n=2, slots=16, k=16, ask_first=ask_first)
     model = SwitchModel(16)
     model.add_job(job.entry())
     window = Window(16, initial=initial)
@@ -1175,12 +1260,13 @@ def _two_workers_asking(impl: str, n_chunks: int, initial: int = 8):
                                   progress_timeout=5.0, started=True) for r in range(2)]
     rows, lengths = np.empty((16, datagram_size(16)), np.uint8), np.zeros(16, np.uint32)
 
-    def exchange(rank: int, now: float, drop: bool = False, lose: int = 0) -> int:
-        """``drop``: what ``rank`` sends is lost; ``lose``: so are the first that many answers to the other."""
+    def exchange(rank: int, now: float, drop: bool | int = False, lose: int = 0) -> int:
+        """``drop``: what ``rank`` sends is lost (an int: its first that many packets); ``lose``: so are the
+        first that many answers to the other."""
         n = reds[rank].emit(rows, lengths)
         out: dict[int, list[bytes]] = {0: [], 1: []}
-        for row, length in zip(rows[:n], lengths[:n].tolist(), strict=True):
-            if not drop:
+        for i, (row, length) in enumerate(zip(rows[:n], lengths[:n].tolist(), strict=True)):
+            if not (drop is True or i < drop):
                 for e in model.process(row[:length].tobytes(), job.address(rank)):
                     out[int(e.dst != job.address(0))].append(e.payload())
         del out[1 - rank][:lose]
@@ -1224,6 +1310,29 @@ def test_a_run_found_lost_at_once_asks_one_query(impl):
     assert reds[0].retransmissions == 8
     exchange(0, found + 0.001)  # answered from the results the switch holds
     assert reds[0].done
+
+
+@pytest.mark.parametrize("run", [protocol.RUN_ASK, protocol.RUN_ASK - 1])
+def test_resending_without_asking_a_run_found_lost_at_once_asks_one_query(impl, run):
+    """Where the job resends without asking ("resend"), a run of ``RUN_ASK`` packets sent together and found
+    lost together (a GSO message lost whole) asks one QUERY, as "query" does: the worker whose run it was
+    resends it at once, its peer waits, not every worker its whole run, all but one in vain (in simulation
+    of the gso bed, 7 workers at 5%, a third of the resends). A shorter run is resent at once, as a loss
+    one packet at a time is."""
+    reds, exchange = _two_workers_asking(impl, 12, initial=16, ask_first=False)
+    exchange(0, 0.0, drop=run)  # worker 0's first ``run`` contributions, sent together, are lost
+    exchange(1, 0.001)  # worker 1's complete the rest: their results, to both, find the run lost (RACK)
+    found = max(red.next_deadline() for red in reds)
+    for red in reds:
+        red.tick(found)
+    asked = run >= protocol.RUN_ASK
+    assert [(red.queries, red.retransmissions) for red in reds] == [(1, 0), (1, 0)] if asked else [(0, run)] * 2
+    exchange(0, found)  # asked: the PENDING names worker 0, which resends its run
+    exchange(1, found)  # and worker 1's its peer: it waits
+    assert [red.retransmissions for red in reds] == ([run, 0] if asked else [run, run])
+    exchange(0, found + 0.001)
+    exchange(1, found + 0.001)
+    assert all(red.done for red in reds)
 
 
 def _timed_calls(impl: str, ask_first: bool, up: Impairment, down: Impairment, seed: int,
