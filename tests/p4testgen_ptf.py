@@ -91,9 +91,10 @@ _ADMIT_ASSUMPTIONS = """\
         testgen_assume(hdr.sa.type[0:0] == 1);  /* a worker's entry: its key's type bit */
 #endif
 """
-# A level's entry for its parent's RESULTs (tofino.py's _admit_result): n >= 1 children, the parent bit n.
+# A level's entry for its parent's RESULTs (tofino.py's _admit_result): this switch is child 0..31 of the parent's
+# job, n >= 1 children of its own, the parent bit n.
 _ADMIT_RESULT_ASSUMPTIONS = """\
-        testgen_assume(job_index < SA_MAX_JOBS);
+        testgen_assume(job_index < SA_MAX_JOBS && hdr.sa.worker < SA_MAX_WORKERS);
         testgen_assume(all_workers > 1 && all_workers & (all_workers + 1) == 0 && parent_bit == (all_workers >> 1) + 1);
         testgen_assume(other_workers == all_workers & ~parent_bit);
         testgen_assume(slot_count != 0 && (bit<17>)slot_base + (bit<17>)slot_count <= SA_NUM_SLOTS);
