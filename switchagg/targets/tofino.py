@@ -207,21 +207,15 @@ class TofinoTarget(Target):
             _install_l2(s, rows.hosts)
             if not any(r.key["f1"] == (recirc, PORT_MASK) for r in s.entries(RECIRCULATION_PORTS)):
                 s.add(RECIRCULATION_PORTS, {"f1": (recirc, PORT_MASK)}, {})
-            nodes = [_rid(r.group, r.worker) for r in rows.replicas]
-            for r, rid in zip(rows.replicas, nodes, strict=True):
-                s.add(PRE_NODE, {"$MULTICAST_NODE_ID": rid},
-                      {"$MULTICAST_RID": rid, "$MULTICAST_LAG_ID": [], "$DEV_PORT": [r.port]})
-            s.add(PRE_MGID, {"$MGID": rows.replicas[0].group},
-                  {"$MULTICAST_NODE_ID": nodes, "$MULTICAST_NODE_L1_XID_VALID": [False] * len(nodes),
-                   "$MULTICAST_NODE_L1_XID": [0] * len(nodes)})
-            for r, rid in zip(rows.replicas, nodes, strict=True):
-                s.add(REPLICA, {"rid": rid}, {"eth_dst": r.mac, "ip_src": r.switch_ip, "ip_dst": r.ip,
-                                              "udp_dst": r.udp_port, "worker": r.worker}, TO_WORKER)
+            _install_group(s, rows.replicas[0].group, [
+                (_rid(r.group, r.worker), r.port, {"eth_dst": r.mac, "ip_src": r.switch_ip, "ip_dst": r.ip,
+                                                   "udp_dst": r.udp_port, "worker": r.worker}, TO_WORKER)
+                for r in rows.replicas])
             index = rows.replicas[0].group - 1
             for c in JobCounter:
                 s.modify(JOB_COUNTERS, {"$COUNTER_INDEX": index * JOB_COUNTER_STRIDE + c}, {"$COUNTER_SPEC_PKTS": 0})
-            if rows.uplink is not None:
-                _install_uplink(s, rows.uplink)
+            if (up := rows.uplink) is not None:  # one replica, to the parent
+                _install_group(s, up.group, [(_rid(up.group, 0), up.port, _to_parent(up), TO_PARENT)])
             for row in rows.admission:
                 s.add(ADMISSION, _admission_key(row, trees), _admit(row, recirc, trees), ADMIT)
             if rows.parent is not None:
@@ -247,16 +241,9 @@ class TofinoTarget(Target):
             for row in rows:
                 s.delete(ADMISSION, _admission_key(row, self.chip.trees))
             group = rows[0].params.group
-            s.delete(PRE_MGID, {"$MGID": group})
-            for row in rows:
-                rid = _rid(group, row.worker)
-                s.delete(REPLICA, {"rid": rid})
-                s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
+            _remove_group(s, group, [_rid(group, row.worker) for row in rows])
             if rows[0].params.parent:
-                rid = _rid(group | PARENT_FLAG, 0)
-                s.delete(PRE_MGID, {"$MGID": group | PARENT_FLAG})
-                s.delete(REPLICA, {"rid": rid})
-                s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
+                _remove_group(s, group | PARENT_FLAG, [_rid(group | PARENT_FLAG, 0)])
 
     def capacity(self) -> tuple[int, int | None]:
         return NUM_SLOTS, MAX_JOBS
@@ -303,15 +290,26 @@ def _deployed(s: TableSession) -> dict[int, list[Admission]]:
     return {job: sorted(rows, key=lambda r: r.worker) for job, rows in jobs.items()}
 
 
-def _install_uplink(s: TableSession, up: Uplink) -> None:
-    """A level's uplink group: one node, to the port the parent hangs off, whose replica egress makes the partial
-    sum a CONTRIB of the parent's job."""
-    rid = _rid(up.group, 0)
-    s.add(PRE_NODE, {"$MULTICAST_NODE_ID": rid},
-          {"$MULTICAST_RID": rid, "$MULTICAST_LAG_ID": [], "$DEV_PORT": [up.port]})
-    s.add(PRE_MGID, {"$MGID": up.group}, {"$MULTICAST_NODE_ID": [rid], "$MULTICAST_NODE_L1_XID_VALID": [False],
-                                          "$MULTICAST_NODE_L1_XID": [0]})
-    s.add(REPLICA, {"rid": rid}, _to_parent(up), TO_PARENT)
+def _install_group(s: TableSession, group: int, replicas: list[tuple[int, int, dict[str, int], str]]) -> None:
+    """A multicast group of the packet replication engine: per replica (rid, port, egress rewrite, its action), a
+    node on that port and a ``replica`` entry by rid; then the group of those nodes."""
+    for rid, port, _, _ in replicas:
+        s.add(PRE_NODE, {"$MULTICAST_NODE_ID": rid},
+              {"$MULTICAST_RID": rid, "$MULTICAST_LAG_ID": [], "$DEV_PORT": [port]})
+    nodes = [rid for rid, _, _, _ in replicas]
+    s.add(PRE_MGID, {"$MGID": group}, {"$MULTICAST_NODE_ID": nodes,
+                                       "$MULTICAST_NODE_L1_XID_VALID": [False] * len(nodes),
+                                       "$MULTICAST_NODE_L1_XID": [0] * len(nodes)})
+    for rid, _, rewrite, action in replicas:
+        s.add(REPLICA, {"rid": rid}, rewrite, action)
+
+
+def _remove_group(s: TableSession, group: int, rids: list[int]) -> None:
+    """What :func:`_install_group` installed."""
+    s.delete(PRE_MGID, {"$MGID": group})
+    for rid in rids:
+        s.delete(REPLICA, {"rid": rid})
+        s.delete(PRE_NODE, {"$MULTICAST_NODE_ID": rid})
 
 
 def _install_l2(s: TableSession, hosts: list[tuple[int, int]]) -> None:
