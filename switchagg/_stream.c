@@ -1276,11 +1276,13 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             if (why == TIMEOUT && s->entries[t].state == ASKED)  /* an unanswered QUERY was lost */
                 s->bursting = 1;
         } else {  /* a packet sent once timed out */
-            if (s->entries[t].last_send < s->last_progress && s->last_progress > now - s->w.rto) {
+            double due = s->last_progress + s->w.rto;
+            if (s->entries[t].last_send < s->last_progress && due > now) {
                 /* results still come, of packets sent before it: it waits in a queue behind them, and its
-                 * timer runs from the last result (Reduction.tick) */
+                 * timer runs from the last result (Reduction.tick); the test is the new deadline itself, so
+                 * that rounding never re-arms it at now, to fire again at once, forever */
                 list_remove(s->entries, &s->timers, TIMERS, t);
-                timer_set(s, t, s->last_progress + s->w.rto);
+                timer_set(s, t, due);
                 continue;
             }
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */

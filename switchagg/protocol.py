@@ -762,14 +762,18 @@ class Reduction:
                 self._bursting = self._bursting or (why == TIMEOUT and self._outstanding[t][6] == ASKED)
             else:  # a packet sent once timed out
                 entry = self._outstanding[t]
-                if entry[0] < self.last_progress > now - self.window.rto:
+                if entry[0] < self.last_progress and (due := self.last_progress + self.window.rto) > now:
                     # Results still come, of packets sent before it (one sent after it would have found it lost:
                     # RACK): it waits in a queue behind them, not lost. Its timer runs from the last result, as
                     # TCP's restarts with every ACK (RFC 6298, 5.3). Run from its send with the RTO of then, it
                     # fired inside a queue that grew under it (a switch that serves a window's packets one at a
                     # time): in simulation of the gso bed at 10 us a packet, 17k resends in lossless calls.
-                    entry[4] = self.last_progress + self.window.rto
-                    heapq.heappush(self._timers, (entry[4], t))
+                    # "Within an RTO" is tested as the new deadline itself, later than now. As last_progress >
+                    # now - rto, rounding let a timer that fired at last_progress + rto re-arm at that same now
+                    # (0.025 + 0.1 is 0.125, but 0.125 - 0.1 is 0.025 less an ulp), to fire again at once, forever:
+                    # a tick that never returned (tests/test_tree.py, the call after the mismatched one, rank 23)
+                    entry[4] = due
+                    heapq.heappush(self._timers, (due, t))
                     continue
                 if now - self.last_progress >= self.window.rto:
                     # Nothing came for an RTO: peers still on their way to the call, a stall or a
