@@ -8,6 +8,7 @@ the Python :class:`~switchagg.protocol.Reduction` and the C :class:`~switchagg.p
 from __future__ import annotations
 
 import math
+import multiprocessing
 from collections.abc import Collection
 from dataclasses import replace
 
@@ -1010,6 +1011,69 @@ def test_both_implementations_send_the_same_bytes_behind_a_switch_that_queues(se
     assert python[1:] == native[1:]
     assert python[3] > 0 or not loss  # asked: the probes of the silences that dark hops make, in either mode
 
+
+
+def _in_a_child(fn, *args, timeout: float = 30.0):
+    """``fn(*args)`` in a forked process: what it returns, or a failure where it does not return within
+    ``timeout`` (a C stream's tick that loops forever holds the GIL: only the process around it can be stopped)."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def target() -> None:
+        try:
+            send.send((True, fn(*args)))
+        except Exception as exc:  # noqa: BLE001 - handed to the parent, which fails with it
+            send.send((False, repr(exc)))
+
+    child = ctx.Process(target=target)
+    child.start()
+    try:
+        if not receive.poll(timeout):
+            pytest.fail(f"{fn.__name__}{args} did not return within {timeout} s")
+        ok, got = receive.recv()
+    finally:
+        child.kill()
+        child.join()
+    assert ok, got
+    return got
+
+
+def _timers_run_from_the_last_result(impl: str, last: float) -> tuple[list, list, bool]:
+    """A 1-worker call of 8 chunks, all sent at 0 under an RTO held at 0.1 s, whose first result alone comes
+    back, at ``last``: the probe resends chunk 1, and chunks 2-7, sent once, time out at 0.1 with a result
+    come since their send, so their timers run from it, to ``last`` + 0.1, and fire there. Every tick until
+    ``last`` + 0.3 at the stream's next deadline: what each sent (when, the bytes), what is still out, and
+    whether every tick left its next deadline later than it."""
+    from switchagg.wire import datagram_size
+
+    window = Window(8, initial=8, min_rto=0.1, initial_rto=0.1, max_rto=0.1)
+    red, send_and_answer = _one_worker_call(impl, 8, window=window)
+    send_and_answer(last, drop=range(1, 8))
+    rows, lengths = np.empty((8, datagram_size(16)), np.uint8), np.zeros(8, np.uint32)
+    sent, later = [], True
+    while (now := red.next_deadline()) < last + 0.3:
+        red.tick(now)
+        later = later and red.next_deadline() > now
+        while n := red.emit(rows, lengths):
+            sent += [(now, rows[i, :lengths[i]].tobytes()) for i in range(n)]
+    return sent, red.pending(), later
+
+
+@pytest.mark.parametrize("last", [0.025, 0.02])
+def test_both_implementations_run_a_timer_from_the_last_result_to_a_deadline_later_than_now(last):
+    """A packet sent once whose timer fires with a result come since its send waits an RTO from that result
+    (Reduction.tick), where that deadline is later than now. Tested as the last result being within an RTO of
+    now, rounding made it now itself at 0.025 (0.025 + 0.1 is 0.125, and 0.125 - 0.1 0.025 less an ulp): the
+    timer re-armed at the instant it fired, and tick never returned, in both twins (tests/test_tree.py, the call
+    after a mismatched one); 0.02 rounds the other way. Each twin runs in a process of its own, so that a
+    twin that loops fails the test rather than hang it."""
+    assert (last + 0.1 - 0.1 < last) == (last == 0.025)
+    python, native = (_in_a_child(_timers_run_from_the_last_result, impl, last) for impl in ("python", "native"))
+    assert python == native
+    sent, pending, later = python
+    assert later
+    assert {unpack_header(b).chunk for _, b in sent} == {1}  # the probe, again as it backs off; 2-7 waited
+    assert [c for c, _, _ in pending] == list(range(1, 8))
 
 # Calls among 32 ranks at K = 16, whose call round's descriptors are 4 chunks (calls.parts): of a chunk and of
 # less (a call round longer than its data), of more chunks than slots, an empty one, a reduce-scatter, one where
