@@ -486,6 +486,11 @@ static inline void unlist(Stream *s, Py_ssize_t t) {
 enum { LOST, PROBE, TIMEOUT };
 enum { SENT, ASKED, WAITING };
 
+/* Window.queued_rtt: a round trip as the path's are now, queue and all (0 before any). */
+static inline double queued_rtt(const Win *w) {
+    return w->has_srtt ? w->srtt + 4 * w->rttvar : 0.0;
+}
+
 /* Reduction._resend_wait: how long a packet sent (or asked about) `retries` times again waits. */
 static double resend_wait(const Stream *s, long retries) {
     long backoff = retries - 1;
@@ -1131,14 +1136,23 @@ static int resend(Stream *s, Py_ssize_t t, int why, double now) {
         } else {
             ask = 0;
         }
-    } else if (!s->ask_first) {
+    } else if (!s->ask_first && (why != PROBE || s->bursting)) {  /* a quiet path's probe asks (Reduction._resend) */
         ask = 0;
     }
     if (ask)
         s->queries++;
     else
         s->retransmissions++;
-    return send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT, 1);
+    if (send_entry(s, t, now, e->retries + 1, ask ? ASKED : SENT, 1) < 0)
+        return -1;
+    if (ask && why == PROBE) {  /* a probe's QUERY waits a round trip through the queue (Reduction._resend) */
+        double due = now + queued_rtt(&s->w);
+        if (due > s->entries[t].deadline) {
+            list_remove(s->entries, &s->timers, TIMERS, t);
+            timer_set(s, t, due);
+        }
+    }
+    return 0;
 }
 
 /* Reduction._probe_burst, sent: the first probe of a lossy silence is `t` and every packet out resent
@@ -1262,6 +1276,15 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
             if (why == TIMEOUT && s->entries[t].state == ASKED)  /* an unanswered QUERY was lost */
                 s->bursting = 1;
         } else {  /* a packet sent once timed out */
+            double due = s->last_progress + s->w.rto;
+            if (s->entries[t].last_send < s->last_progress && due > now) {
+                /* results still come, of packets sent before it: it waits in a queue behind them, and its
+                 * timer runs from the last result (Reduction.tick); the test is the new deadline itself, so
+                 * that rounding never re-arms it at now, to fire again at once, forever */
+                list_remove(s->entries, &s->timers, TIMERS, t);
+                timer_set(s, t, due);
+                continue;
+            }
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
                 Py_ssize_t lowest = 0;
                 while (!s->entries[lowest].in_flight)

@@ -232,6 +232,13 @@ class Window:
         return max(MIN_RESEND, TAIL_RTTS * self.min_rtt)
 
     @property
+    def queued_rtt(self) -> float:
+        """A round trip as long as the path's are now, queue and all: the smoothed round trip and four deviations
+        (0 before any). What an answer that the switch always sends (a QUERY's PENDING) may take before its
+        silence says it was lost; the other waits learn the shortest round trips, which leave the queue out."""
+        return 0.0 if self.srtt is None else self.srtt + 4 * self.rttvar
+
+    @property
     def reorder_window(self) -> float:
         """How much later than expected a packet's result may come, after a later packet's, before it
         counts as lost: a quarter of the shortest round trip (RACK)."""
