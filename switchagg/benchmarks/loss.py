@@ -215,11 +215,14 @@ def _worker(config: str, rank: int, out: str) -> None:
         # the last rank's end of one call to the last rank's end of the next is that call's time
         for name, calls in SEQUENCES.items():
             marks = [time.perf_counter()]
+            costs = [(client.retransmissions, client.queries)]  # what each call resent and asked, on this rank
             for i, (length, floats) in enumerate(calls):
                 f, ints = inputs(rank, length)
                 results[f"{name}{i}"] = digest(client.allreduce(f if floats else ints))
                 marks.append(time.perf_counter())
+                costs.append((client.retransmissions, client.queries))
             results[f"{name}_marks"] = np.array(marks)
+            results[f"{name}_costs"] = np.diff(np.array(costs), axis=0)
     np.savez(out, **results)
 
 
@@ -498,9 +501,11 @@ def _run_line(n: int, recovery: str, runs: Runs, rate: float, rnd: int, run: _Ru
         times, base = run.calls[name], run.lossless_calls[name]
         median, p99, worst, total = call_slowdowns(times, base)
         slowest = int(np.argmax(times / base))
+        resent, asked = np.sum([r[f"{name}_costs"][slowest] for r in run.ranks], axis=0)
         line += (f"\n  {name} sequence {times.sum():.2f} s ({total:.2f}x), per call median {median:.2f}x "
                  f"p99 {p99:.2f}x worst {worst:.2f}x (call {slowest + 1}, {calls[slowest][0]} values: "
-                 f"{base[slowest] * 1e3:.1f} ms lossless, {times[slowest] * 1e3:.1f} ms)")
+                 f"{base[slowest] * 1e3:.1f} ms lossless, {times[slowest] * 1e3:.1f} ms, resent {resent}, "
+                 f"asked {asked})")
     return line
 
 
