@@ -192,7 +192,16 @@ class JobConfig:
             raise ConfigError(
                 f"job.slot_count = {self.slot_count} is below the {chunks} chunks of K = {k} values that two "
                 f"values per rank take for {n} ranks (each call's first packets carry them, a slot each): "
-                f"use slot_count >= {chunks}, or values_per_packet >= {2 * n}")
+                f"use slot_count >= {2 * chunks}, or values_per_packet >= {2 * n} and slot_count >= 2")
+        # The join climbs rungs of that many slots, each on a block of its own, and a run that climbed closes on
+        # block 0: with one block every rung replaces the first's copies, and a rank ahead could strand its
+        # peers wherever a run climbs (after one that died inside its join; docs/protocol.md 6a)
+        if 2 * chunks > self.slot_count:
+            raise ConfigError(
+                f"job.slot_count = {self.slot_count} holds one block of the {chunks} slot(s) the join's rungs "
+                f"take (two values per rank for {n} ranks in chunks of K = {k}), and the join needs two, so that "
+                f"a run restarted after one that died inside its join strands no rank: use slot_count >= "
+                f"{2 * chunks}" + (f", or values_per_packet >= {2 * n}" if chunks > 1 and self.slot_count >= 2 else ""))
 
     def _check_tree(self) -> None:
         """A tree's fields in range, and adding up (jobs.check_tree says so again for the switch's entry)."""

@@ -133,12 +133,24 @@ def test_the_slots_hold_the_chunks_of_two_words_per_rank():
         JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 9, workers(5))
     assert str(info.value) == ("job.slot_count = 1 is below the 2 chunks of K = 9 values that two values per "
                                "rank take for 5 ranks (each call's first packets carry them, a slot each): "
-                               "use slot_count >= 2, or values_per_packet >= 10")
-    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 2, 9, workers(5)).slot_count == 2
-    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 10, workers(5)).values_per_packet == 10
+                               "use slot_count >= 4, or values_per_packet >= 10 and slot_count >= 2")
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 4, 9, workers(5)).slot_count == 4
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 2, 10, workers(5)).values_per_packet == 10
     # the P4 program's K = 64 holds the most workers a job may have in one chunk
-    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1, 64, workers(32)).n_workers == 32
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 2, 64, workers(32)).n_workers == 32
     refused(r"job.slot_count = 1 is below the 2 chunks of K = 3 values", job="values_per_packet = 3\nslot_count = 1")
+
+
+@pytest.mark.parametrize("slots, k, fix", [(1, 64, r"use slot_count >= 2$"), (3, 9, r"use slot_count >= 4, or "
+                                                                                     r"values_per_packet >= 10$")])
+def test_the_slots_hold_two_blocks_of_the_joins_rungs(slots, k, fix):
+    """The join climbs rungs of a call round's chunks, a block of slots each, and a run that climbed closes on
+    block 0; with one block every rung replaced the first's copies, and a rank ahead could strand its peers
+    wherever a run climbed (docs/protocol.md 6a): a job of fewer than two blocks is refused, saying what fixes it."""
+    with pytest.raises(ConfigError, match=rf"job.slot_count = {slots} holds one block of the .* the join needs two.*"
+                                          + fix):
+        JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, slots, k, workers(5))
+    assert JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 2 * -(-10 // k), k, workers(5)).slot_count >= 2
 
 
 def test_a_config_built_in_python_is_checked_as_one_read_from_a_file():
