@@ -941,6 +941,27 @@ def test_both_implementations_send_the_same_bytes_at_the_same_times(seed, dtype,
     assert python[3] > 0 and (python[4] > 0 or not ask_first)
 
 
+def _calls_of(impl: str, job: Job, up: Impairment, down: Impairment, seed: int, xs: list, *, service: float = 0.0,
+              progress_timeout: float = 5.0) -> tuple:
+    """One twin's calls ``xs`` (each rank's input of each call) in simnet, every sum checked: the packets sent
+    (time, sender, bytes), each call's window states, the retransmissions and queries, and the time it ended."""
+    model = SwitchModel(job.slots)
+    model.add_job(job.entry())
+    net = SimNet(model, up=up, down=down, seed=seed, impl=impl, batching=Batching(wake=0.0005, messages=8, segments=64),
+                 service=service)
+    ws = [net.add_worker(job, r) for r in range(job.n)]
+    outs, resent, asked = [], 0, 0
+    for call in xs:
+        for w, x in zip(ws, call, strict=True):
+            net.start(w, x, progress_timeout=progress_timeout)
+        net.run()
+        assert all(w.error is None and np.array_equal(w.out, np.sum(call, axis=0)) for w in ws)
+        outs.append([w.window.state() for w in ws])
+        resent += sum(w.red.retransmissions for w in ws)
+        asked += sum(w.red.queries for w in ws)
+    return net.sent_log, outs, resent, asked, net.now
+
+
 @pytest.mark.parametrize("ask_first", [False, True], ids=["resend", "query"])
 @pytest.mark.parametrize("seed", range(3))
 def test_both_implementations_send_the_same_bytes_where_runs_outgrow_the_small_windows(seed, ask_first):
@@ -953,24 +974,7 @@ def test_both_implementations_send_the_same_bytes_where_runs_outgrow_the_small_w
     down = Impairment(loss=0.1, dup=0.05, latency=0.001, jitter=0.0002, run=24)
     rng = np.random.default_rng(seed)
     xs = [[rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(job.n)] for size in (1500, 40, 900, 3, 1200)]
-    runs = {}
-    for impl in IMPLEMENTATIONS:
-        model = SwitchModel(96)
-        model.add_job(job.entry())
-        net = SimNet(model, up=up, down=down, seed=seed, impl=impl,
-                     batching=Batching(wake=0.0005, messages=8, segments=64))
-        ws = [net.add_worker(job, r) for r in range(job.n)]
-        outs, resent, asked = [], 0, 0
-        for call in xs:
-            for w, x in zip(ws, call, strict=True):
-                net.start(w, x)
-            net.run()
-            assert all(w.error is None and np.array_equal(w.out, np.sum(call, axis=0)) for w in ws)
-            outs.append([w.window.state() for w in ws])
-            resent += sum(w.red.retransmissions for w in ws)
-            asked += sum(w.red.queries for w in ws)
-        runs[impl] = (net.sent_log, outs, resent, asked, net.now)
-    python, native = runs["python"], runs["native"]
+    python, native = (_calls_of(impl, job, up, down, seed, xs) for impl in ("python", "native"))
     assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
     assert python[1:] == native[1:]
     assert python[2] > 0 and python[3] > 0  # resent, and asked: about runs, where the job resends without asking
@@ -989,24 +993,8 @@ def test_both_implementations_send_the_same_bytes_behind_a_switch_that_queues(se
     hop = Impairment(loss=loss, latency=0.0005, dark=8)
     rng = np.random.default_rng(seed)
     xs = [[rng.integers(-1000, 1000, size, dtype=np.int32) for _ in range(job.n)] for size in (900, 40, 600, 3)]
-    runs = {}
-    for impl in IMPLEMENTATIONS:
-        model = SwitchModel(32)
-        model.add_job(job.entry())
-        net = SimNet(model, up=hop, down=hop, seed=seed, impl=impl,
-                     batching=Batching(wake=0.0005, messages=8, segments=64), service=0.0005)
-        ws = [net.add_worker(job, r) for r in range(job.n)]
-        outs, resent, asked = [], 0, 0
-        for call in xs:
-            for w, x in zip(ws, call, strict=True):
-                net.start(w, x, progress_timeout=30.0)
-            net.run()
-            assert all(w.error is None and np.array_equal(w.out, np.sum(call, axis=0)) for w in ws)
-            outs.append([w.window.state() for w in ws])
-            resent += sum(w.red.retransmissions for w in ws)
-            asked += sum(w.red.queries for w in ws)
-        runs[impl] = (net.sent_log, outs, resent, asked, net.now)
-    python, native = runs["python"], runs["native"]
+    python, native = (_calls_of(impl, job, hop, hop, seed, xs, service=0.0005, progress_timeout=30.0)
+                      for impl in ("python", "native"))
     assert python[0] == native[0]  # (time, sender, bytes) of every packet sent
     assert python[1:] == native[1:]
     assert python[3] > 0 or not loss  # asked: the probes of the silences that dark hops make, in either mode
