@@ -196,7 +196,7 @@ class JobConfig:
         # The join climbs rungs of that many slots, each on a block of its own, and a run that climbed closes on
         # block 0: with one block every rung replaces the first's copies, and a rank ahead could strand its
         # peers wherever a run climbs (after one that died inside its join; docs/protocol.md 6a)
-        if 2 * chunks > self.slot_count:
+        if self.least_slots > self.slot_count:
             raise ConfigError(
                 f"job.slot_count = {self.slot_count} holds one block of the {chunks} slot(s) the join's rungs "
                 f"take (two values per rank for {n} ranks in chunks of K = {k}), and the join needs two, so that "
@@ -227,6 +227,13 @@ class JobConfig:
     @property
     def n_workers(self) -> int:
         return len(self.workers)
+
+    @property
+    def least_slots(self) -> int:
+        """The fewest slots the job runs on: two blocks of the chunks that two words a rank fill, since each
+        call's first packets take a block and the join climbs its rungs on blocks of their own (docs/protocol.md
+        4 and 6a). A process group's job is never sized below it where the switch's slots are shared."""
+        return 2 * parts(self.ranks, self.values_per_packet)
 
     @property
     def ranks(self) -> int:

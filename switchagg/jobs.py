@@ -286,15 +286,16 @@ MIN_SHARED_SLOTS = 16  # the fewest slots a job is sized down to where the pool 
 
 
 def fit_jobs(installed: dict[int, tuple[int, int]], num_slots: int, count: int, wanted: int,
-             max_jobs: int | None = None, shrink: bool = True) -> tuple[int, list[int]] | None:
+             max_jobs: int | None = None, shrink: bool = True, least: int = 1) -> tuple[int, list[int]] | None:
     """Where ``count`` new jobs of equal size go among ``installed`` ``{job: (base, count)}``: ``(size, bases)``.
 
     A pool is shared by every process group on the switch (FSDP2, HSDP and DeviceMesh programs make
     several), so a job is not handed the ``wanted`` slots whatever is left: it takes ``wanted`` (a
     window's worth) only while that leaves as many slots free for the groups after it, and else the
     largest power of two that does, down to :data:`MIN_SHARED_SLOTS`, which it takes wherever they
-    fit. None when not even that fits (or the switch's job table is full): the caller falls back.
-    ``shrink=False`` asks for ``wanted`` slots exactly, wherever they fit (a count the user gave).
+    fit, and never below ``least`` (the job's own floor, ``JobConfig.least_slots``). None when not even
+    that fits (or the switch's job table is full): the caller falls back. ``shrink=False`` asks for
+    ``wanted`` slots exactly, wherever they fit (a count the user gave).
     """
     if count < 1 or wanted < 1:
         return None
@@ -309,7 +310,7 @@ def fit_jobs(installed: dict[int, tuple[int, int]], num_slots: int, count: int, 
         gaps.append((start, num_slots - start))
     free = sum(g for _, g in gaps)
     sizes = [wanted] + [1 << b for b in range(wanted.bit_length() - 1, -1, -1) if 1 << b < wanted]
-    sizes = [s for s in sizes if s >= min(MIN_SHARED_SLOTS, wanted)] if shrink else [wanted]
+    sizes = [s for s in sizes if s >= max(least, min(MIN_SHARED_SLOTS, wanted))] if shrink else [wanted]
     for size in sizes:
         bases = _first_fit(gaps, count, size)
         last = size == sizes[-1]

@@ -80,6 +80,20 @@ def test_jobs_take_a_window_while_as_much_stays_free_then_halve_then_fall_back()
     assert sum(sizes) == 4096 and sizes[-1] == MIN_SHARED_SLOTS
 
 
+def test_a_shared_job_is_never_shrunk_below_its_own_floor():
+    """A job of many ranks needs two blocks of its call round's chunks (JobConfig.least_slots: 512 ranks of
+    K = 64 take 16 a block, 32 in all); shrunk to the pool's floor of 16 it would be refused by its own config,
+    so the pool sizes it no smaller than its floor, and where that does not fit it falls back."""
+    from switchagg.config import Endpoint, JobConfig, WorkerSpec
+
+    wide = JobConfig(Endpoint("127.0.0.1", 16711), 1, 1, 0, 1024, 64,
+                     tuple(WorkerSpec(Endpoint("127.0.0.1", 1000 + r)) for r in range(8)), tree_size=512)
+    assert wide.least_slots == 32 > MIN_SHARED_SLOTS
+    assert fit_jobs({1: (0, 4060)}, 4096, 1, 1024) == (16, [4060])  # unfloored: what leaves as many free
+    assert fit_jobs({1: (0, 4060)}, 4096, 1, 1024, least=wide.least_slots) == (32, [4060])
+    assert fit_jobs({1: (0, 4070)}, 4096, 1, 1024, least=wide.least_slots) is None
+
+
 def test_rails_share_the_pool_evenly_and_a_given_count_is_not_shrunk():
     size, bases = fit_jobs({1: (0, 100)}, 4096, 17, 1024)
     assert size == 64 and len(set(bases)) == 17 and min(bases) >= 100

@@ -349,7 +349,8 @@ def _install_tree(options: Any, job: JobConfig, leaves: list[Leaf],
                             for leaf in leaves), job.loss_recovery, options.root_mac)
     for _ in range(_PICK_TRIES):
         keyed = replace(spec, key=secrets.randbits(32))
-        place = _free_on_every_level([_level(options, c) for c in keyed.switch_jobs()], options, job.slot_count)
+        place = _free_on_every_level([_level(options, c) for c in keyed.switch_jobs()], options, job.slot_count,
+                                     job.least_slots)
         tree = replace(keyed, **place)
         done: list[tuple[Target, int]] = []
         try:
@@ -380,7 +381,7 @@ def _level(options: Any, config: JobConfig) -> Target:
     return _open(replace(options, control=None if config.control is None else str(config.control)), config)
 
 
-def _free_on_every_level(targets: list[Target], options: Any, wanted: int) -> dict[str, int]:
+def _free_on_every_level(targets: list[Target], options: Any, wanted: int, least: int) -> dict[str, int]:
     """A job id and slot range free on every one of ``targets`` (a tree's levels hold the job at the same slots),
     or those the options give: :func:`_free_places` over the union of what the levels hold."""
     if options.job_id is not None and options.slot_base is not None:
@@ -404,7 +405,7 @@ def _free_on_every_level(targets: list[Target], options: Any, wanted: int) -> di
         job_id = 1 + secrets.randbelow(0xFFFF)
     if options.slot_base is not None:
         return {"job_id": job_id, "slot_base": options.slot_base}
-    fit = fit_jobs(installed, min(pools), 1, wanted, None, shrink=options.slot_count is None)
+    fit = fit_jobs(installed, min(pools), 1, wanted, None, shrink=options.slot_count is None, least=least)
     if fit is None:
         raise NoRoom(f"no slot range of {wanted} (or, shared, of {MIN_SHARED_SLOTS}) is free on every switch of the "
                      "tree: remove jobs nobody uses there (`switchagg status`)")
@@ -520,7 +521,8 @@ def _free_places(target: Target, options: Any, jobs: list[JobConfig]) -> list[di
     wanted = jobs[0].slot_count
     if options.slot_base is not None:
         return [{"job_id": ids[j], "slot_base": options.slot_base + j * wanted} for j in range(count)]
-    fit = fit_jobs(installed, num_slots, count, wanted, max_jobs, shrink=options.slot_count is None)
+    fit = fit_jobs(installed, num_slots, count, wanted, max_jobs, shrink=options.slot_count is None,
+                   least=max(job.least_slots for job in jobs))
     free = num_slots - sum(n for _, n in installed.values())
     what = f"{count} jobs" if count > 1 else "a job"
     if fit is None and options.slot_count is not None:
