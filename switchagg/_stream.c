@@ -475,6 +475,12 @@ static void timer_set(Stream *s, Py_ssize_t t, double deadline) {
     list_insert(e, &s->timers, TIMERS, t, after);
 }
 
+/* A packet's timer moved to `deadline` (Reduction._move_timer): out of the timers and back in at its place. */
+static void timer_move(Stream *s, Py_ssize_t t, double deadline) {
+    list_remove(s->entries, &s->timers, TIMERS, t);
+    timer_set(s, t, deadline);
+}
+
 /* A packet leaves flight (its result came) or is resent: out of both lists. */
 static inline void unlist(Stream *s, Py_ssize_t t) {
     list_remove(s->entries, &s->timers, TIMERS, t);
@@ -852,10 +858,8 @@ static void cap_tail(Stream *s) {
         if (!e[u].retries)
             continue;
         double due = e[u].last_send + resend_wait(s, e[u].retries);
-        if (due < e[u].deadline) {
-            list_remove(e, &s->timers, TIMERS, u);
-            timer_set(s, u, due);
-        }
+        if (due < e[u].deadline)
+            timer_move(s, u, due);
     }
 }
 
@@ -988,10 +992,8 @@ static int receive_one(Stream *s, const unsigned char *p, Py_ssize_t length, dou
         double due = now + resend_timeout(&s->w);
         Entry *entries = s->entries;
         for (uint32_t u = s->sends.head; u != NONE; u = entries[u].link[SENDS][NEXT]) {
-            if (entries[u].retries && entries[u].deadline > due) {
-                list_remove(entries, &s->timers, TIMERS, u);
-                timer_set(s, u, due);
-            }
+            if (entries[u].retries && entries[u].deadline > due)
+                timer_move(s, u, due);
         }
     }
     s->probes = 0;
@@ -1147,10 +1149,8 @@ static int resend(Stream *s, Py_ssize_t t, int why, double now) {
         return -1;
     if (ask && why == PROBE) {  /* a probe's QUERY waits a round trip through the queue (Reduction._resend) */
         double due = now + queued_rtt(&s->w);
-        if (due > s->entries[t].deadline) {
-            list_remove(s->entries, &s->timers, TIMERS, t);
-            timer_set(s, t, due);
-        }
+        if (due > s->entries[t].deadline)
+            timer_move(s, t, due);
     }
     return 0;
 }
@@ -1281,8 +1281,7 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
                 /* results still come, of packets sent before it: it waits in a queue behind them, and its
                  * timer runs from the last result (Reduction.tick); the test is the new deadline itself, so
                  * that rounding never re-arms it at now, to fire again at once, forever */
-                list_remove(s->entries, &s->timers, TIMERS, t);
-                timer_set(s, t, due);
+                timer_move(s, t, due);
                 continue;
             }
             if (now - s->last_progress >= s->w.rto) {  /* silent for an RTO: the lowest chunk out, once */
@@ -1290,8 +1289,7 @@ static PyObject *Stream_tick(Stream *s, PyObject *arg) {
                 while (!s->entries[lowest].in_flight)
                     lowest++;
                 if (s->stalled || lowest != t) {
-                    list_remove(s->entries, &s->timers, TIMERS, t);
-                    timer_set(s, t, now + s->w.rto);
+                    timer_move(s, t, now + s->w.rto);
                     if (s->stalled || s->entries[lowest].retries)  /* the lowest has its own timer */
                         continue;
                     t = lowest;

@@ -636,8 +636,7 @@ class Reduction:
             due = now + self.window.resend_timeout
             for u, entry in self._outstanding.items():
                 if entry[1] and entry[4] > due:
-                    entry[4] = due
-                    heapq.heappush(self._timers, (due, u))
+                    self._move_timer(u, entry, due)
         self._probes = 0
         self._stalled = False
         self.started = True
@@ -658,8 +657,13 @@ class Reduction:
             return
         for u, entry in self._outstanding.items():
             if entry[1] and (due := entry[0] + self._resend_wait(entry[1])) < entry[4]:
-                entry[4] = due
-                heapq.heappush(self._timers, (due, u))
+                self._move_timer(u, entry, due)
+
+    def _move_timer(self, t: int, entry: list, due: float) -> None:
+        """Packet ``t``'s timer (``entry``'s) runs out at ``due`` instead: its deadline and a heap item of it,
+        the one :meth:`_first_timer` takes (the earlier item, now stale, is skipped there)."""
+        entry[4] = due
+        heapq.heappush(self._timers, (due, t))
 
     def _first_timer(self) -> tuple[float, int] | None:
         """The live timer that fires first (stale ones, of packets answered, resent or re-timed, are dropped)."""
@@ -772,8 +776,7 @@ class Reduction:
                     # now - rto, rounding let a timer that fired at last_progress + rto re-arm at that same now
                     # (0.025 + 0.1 is 0.125, but 0.125 - 0.1 is 0.025 less an ulp), to fire again at once, forever:
                     # a tick that never returned (tests/test_tree.py, the call after the mismatched one, rank 23)
-                    entry[4] = due
-                    heapq.heappush(self._timers, (due, t))
+                    self._move_timer(t, entry, due)
                     continue
                 if now - self.last_progress >= self.window.rto:
                     # Nothing came for an RTO: peers still on their way to the call, a stall or a
@@ -783,9 +786,7 @@ class Reduction:
                     # were each to pick its own, each might wait on one only another resends.
                     lowest = min(self._outstanding)
                     if self._stalled or lowest != t:
-                        entry = self._outstanding[t]
-                        entry[4] = now + self.window.rto
-                        heapq.heappush(self._timers, (entry[4], t))
+                        self._move_timer(t, entry, now + self.window.rto)
                         if self._stalled or self._outstanding[lowest][1]:  # the lowest has its own timer
                             continue
                         t = lowest
@@ -864,10 +865,8 @@ class Reduction:
                 # gone dark, the silence burst the window again and again into the queue (in simulation, 7
                 # workers, 0.2 ms a packet: a call of 4000 values 11 s and 100k resends)
                 entry = self._outstanding[t]
-                due = now + self.window.queued_rtt
-                if due > entry[4]:
-                    entry[4] = due
-                    heapq.heappush(self._timers, (due, t))
+                if (due := now + self.window.queued_rtt) > entry[4]:
+                    self._move_timer(t, entry, due)
         else:
             self.retransmissions += 1
             self._send(t, now, retries + 1)
