@@ -1000,7 +1000,6 @@ def test_both_implementations_send_the_same_bytes_behind_a_switch_that_queues(se
     assert python[3] > 0 or not loss  # asked: the probes of the silences that dark hops make, in either mode
 
 
-
 def _in_a_child(fn, *args, timeout: float = 30.0):
     """``fn(*args)`` in a forked process: what it returns, or a failure where it does not return within
     ``timeout`` (a C stream's tick that loops forever holds the GIL: only the process around it can be stopped)."""
