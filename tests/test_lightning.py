@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,18 @@ def metrics(backend: str, env: dict[str, str], out: Path) -> list[dict[str, list
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "lightning_sync_dist.py"), backend, str(out)],
                           cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-5000:]
+    assert done.returncode == 0 or gloo_aborted_at_exit(backend, done, out), done.stderr[-5000:]
     return json.loads(out.read_text())
+
+
+def gloo_aborted_at_exit(backend: str, done: subprocess.CompletedProcess, out: Path) -> bool:
+    """Whether the gloo baseline finished its run, wrote its metrics, and was then aborted in torch's
+    teardown: gloo's threads do that now and then on this two-core box, its group destroyed or not
+    ("terminate called without an active exception", seen in CI; the two-node example's test met it
+    too). The baseline's metrics are whole by then; the switchagg run gets no such pass."""
+    said = done.stderr
+    return (backend == "gloo" and done.returncode == -signal.SIGABRT and out.exists()
+            and "`Trainer.fit` stopped" in said and "terminate called without an active exception" in said)
 
 
 def test_sync_dist_logging_matches_gloo(switch, tmp_path):
